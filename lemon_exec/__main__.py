@@ -1,0 +1,5 @@
+import sys
+
+from lemon_exec.cli import main
+
+sys.exit(main())

@@ -1,0 +1,34 @@
+"""Fixed numbers and names shared by the host side.
+
+The first group is fixed by the execute_code spec: they are deliberately *not* settings, so
+no config file or environment variable can change them. The second group is lemon_exec's own
+naming, kept here so that the writer (``host.output``) and the reaper (``host.staging``) of a
+file cannot drift apart.
+"""
+
+from __future__ import annotations
+
+# --- Fixed by the spec: not configurable. ---------------------------------------------------
+
+# A kernel that is not ready within this many seconds counts as failed to start.
+STARTUP_TIMEOUT_S = 10.0
+
+# After an interrupt (timeout, abort), a kernel gets this long to settle before it is killed.
+GRACE_S = 1.0
+
+# Largest comm frame either side accepts; bigger frames are a protocol error.
+FRAME_CAP_BYTES = 256 * 1024
+
+# Output streamed from a kernel is handled in chunks of at most this size.
+STREAM_CHUNK_BYTES = 64 * 1024
+
+# --- lemon_exec's own names and bounds. ------------------------------------------------------
+
+# Name prefix of the per-process private staging roots under the temp directory.
+STAGING_ROOT_PREFIX = "lemon-exec-"
+
+# Name prefix of output spill files; the reaper only ever deletes files with this prefix.
+SPILL_PREFIX = "lemon-exec-output-"
+
+# Most directory entries one bounded tree removal visits before it gives up.
+REMOVE_TREE_MAX_ENTRIES = 10_000

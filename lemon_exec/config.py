@@ -1,0 +1,445 @@
+"""Settings of the execute_code tool: traits, layered loading and interpreter resolution.
+
+Settings come from three layers, each overriding the one before it:
+
+1. the ``[runtime.tools.execute_code]`` table of a TOML file (only when a path is given),
+2. ``LEMON_EXECUTE_CODE_<KEY>`` environment variables,
+3. keyword overrides passed to :meth:`ExecuteCodeConfig.load`.
+
+A value a layer cannot parse is ignored with a warning, so the lower layer's value (or the
+default) stays in force. Numeric limits are clamped to at least 1 whichever way they are set.
+See ``docs/configuration.md`` for the user-facing reference.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from traitlets import Bool, Integer, List, Unicode, validate
+from traitlets.config import Configurable
+
+from lemon_exec.errors import ConfigError, InterpreterError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ENV_PREFIX",
+    "HELPER_ALLOWLIST",
+    "SETTING_KEYS",
+    "TOML_TABLE",
+    "ExecuteCodeConfig",
+    "canonical_python",
+]
+
+logger = logging.getLogger(__name__)
+
+# Host tools a script may call through helpers; ``tools`` can only narrow this list.
+HELPER_ALLOWLIST: tuple[str, ...] = ("read", "grep", "find", "ls", "webfetch")
+
+# Dotted path of the TOML table that holds these settings.
+TOML_TABLE: tuple[str, ...] = ("runtime", "tools", "execute_code")
+
+ENV_PREFIX = "LEMON_EXECUTE_CODE_"
+
+# The limits the spec clamps to positive integers.
+_POSITIVE_INT_KEYS: tuple[str, ...] = (
+    "timeout_ms",
+    "max_rpc_calls",
+    "max_rpc_result_bytes",
+    "max_output_bytes",
+    "max_text_bytes",
+    "max_parallel_rpc",
+    "kernel_idle_timeout_ms",
+    "max_live_kernels",
+    "max_queued_cells_per_kernel",
+)
+
+# Every setting, in documentation order: the spec's 13 keys, then lemon_exec's extras.
+SETTING_KEYS: tuple[str, ...] = (
+    "enabled",
+    "python_path",
+    "timeout_ms",
+    "max_rpc_calls",
+    "max_rpc_result_bytes",
+    "max_output_bytes",
+    "max_text_bytes",
+    "max_parallel_rpc",
+    "tools",
+    "kernel_mode",
+    "kernel_idle_timeout_ms",
+    "max_live_kernels",
+    "max_queued_cells_per_kernel",
+    "warm_kernels",
+)
+
+_TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
+_FALSE_WORDS = frozenset({"0", "false", "no", "off"})
+
+_PYTHON_HINT = "set python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to"
+
+
+class ExecuteCodeConfig(Configurable):
+    """Validated settings of the execute_code tool.
+
+    Construct directly (``ExecuteCodeConfig(timeout_ms=5000)``) or, for the layered
+    TOML/environment/override lookup, with :meth:`load`. Limits set either way are clamped
+    to at least 1; ``kernel_mode`` is normalised to ``"session"`` or ``"per_call"``.
+    """
+
+    enabled = Bool(
+        False,
+        help="Whether the execute_code tool is offered at all. Front ends may default it on "
+        "(see ExecuteCodeConfig.load(default_enabled=...)).",
+    ).tag(config=True)
+
+    python_path = Unicode(
+        "",
+        help="Python interpreter that runs the kernels (it needs ipykernel). Blank means "
+        "python3 found on PATH; a relative path is resolved against the working directory.",
+    ).tag(config=True)
+
+    timeout_ms = Integer(
+        120_000,
+        help="Wall-clock limit of one run, in milliseconds (a call's timeout_ms may lower it).",
+    ).tag(config=True)
+
+    max_rpc_calls = Integer(
+        100,
+        help="Most helper (host-tool) calls one run may make.",
+    ).tag(config=True)
+
+    max_rpc_result_bytes = Integer(
+        5_242_880,
+        help="Most bytes of helper results one run may receive.",
+    ).tag(config=True)
+
+    max_output_bytes = Integer(
+        50_000,
+        help="Most bytes of printed output returned per run; longer output loses its middle "
+        "and is saved whole to a spill file.",
+    ).tag(config=True)
+
+    max_text_bytes = Integer(
+        65_536,
+        help="Most bytes of text() blocks (the script's result) per run.",
+    ).tag(config=True)
+
+    max_parallel_rpc = Integer(
+        4,
+        help="Most helper calls one run may have in flight at once.",
+    ).tag(config=True)
+
+    tools = List(
+        Unicode(),
+        default_value=[],
+        help="Narrows the helper allowlist (read, grep, find, ls, webfetch). Empty means the "
+        "full allowlist; unknown names are dropped; a list of only unknown names allows none.",
+    ).tag(config=True)
+
+    kernel_mode = Unicode(
+        "per_call",
+        help='"session" keeps one kernel per session; any other value means "per_call", a '
+        "fresh kernel for every call.",
+    ).tag(config=True)
+
+    kernel_idle_timeout_ms = Integer(
+        1_800_000,
+        help="A session kernel idle for this many milliseconds is shut down.",
+    ).tag(config=True)
+
+    max_live_kernels = Integer(
+        16,
+        help="Most kernels alive at once in this host process.",
+    ).tag(config=True)
+
+    max_queued_cells_per_kernel = Integer(
+        8,
+        help="Most calls waiting for one session kernel; further calls are refused.",
+    ).tag(config=True)
+
+    warm_kernels = Integer(
+        1,
+        help="Per-call kernels started ahead of time so a call need not wait for startup; "
+        "0 disables warm spares.",
+    ).tag(config=True)
+
+    # --- validation: runs for programmatic assignment as well as for load() ---------------
+
+    @validate(*_POSITIVE_INT_KEYS)
+    def _clamp_positive(self, proposal: Any) -> int:
+        return max(1, int(proposal["value"]))
+
+    @validate("warm_kernels")
+    def _clamp_non_negative(self, proposal: Any) -> int:
+        return max(0, int(proposal["value"]))
+
+    @validate("kernel_mode")
+    def _normalise_mode(self, proposal: Any) -> str:
+        value = proposal["value"]
+        if value == "session":
+            return "session"
+        if value != "per_call":
+            logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", value)
+        return "per_call"
+
+    # --- derived views --------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The kernel mode in force: ``"session"`` or ``"per_call"``."""
+        return "session" if self.kernel_mode == "session" else "per_call"
+
+    @property
+    def enabled_helpers(self) -> tuple[str, ...]:
+        """The helpers scripts may call, in allowlist order.
+
+        An empty ``tools`` list means the whole allowlist. Otherwise ``tools`` is a filter:
+        unknown names are dropped, so a list naming only unknown tools allows none (a typo
+        must never widen access).
+        """
+        if not self.tools:
+            return HELPER_ALLOWLIST
+        wanted = {name.strip() for name in self.tools}
+        return tuple(name for name in HELPER_ALLOWLIST if name in wanted)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every setting as a plain dict (the spec's 13 keys plus ``warm_kernels``)."""
+        values = {key: getattr(self, key) for key in SETTING_KEYS}
+        values["tools"] = list(values["tools"])
+        return values
+
+    # --- interpreter ------------------------------------------------------------------------
+
+    def resolve_python(self, cwd: str | os.PathLike[str] | None = None) -> str:
+        """Return the absolute path of the interpreter to run kernels with.
+
+        Blank ``python_path`` means ``python3`` on PATH. A relative path is taken relative to
+        ``cwd`` (default: the current directory). Symlinks are *not* resolved: the path is
+        returned as configured, made absolute; see :func:`canonical_python` for that.
+
+        Raises :class:`~lemon_exec.errors.InterpreterError` (a ``ConfigError``) when no usable
+        interpreter is found.
+        """
+        configured = self.python_path
+        if not configured.strip():
+            found = shutil.which("python3")
+            if found is None:
+                raise InterpreterError(
+                    "execute_code: no python3 interpreter found on PATH; install Python 3 or "
+                    "set python_path / LEMON_EXECUTE_CODE_PYTHON_PATH to an interpreter"
+                )
+            return os.path.abspath(found)
+
+        path = os.path.expanduser(configured)
+        if not os.path.isabs(path):
+            base = os.fspath(cwd) if cwd is not None else os.getcwd()
+            path = os.path.join(base, path)
+        path = os.path.abspath(path)
+        if not os.path.exists(path):
+            raise InterpreterError(
+                f"execute_code: python_path not found: {path}; "
+                f"{_PYTHON_HINT} an existing Python interpreter"
+            )
+        if not os.path.isfile(path) or not os.access(path, os.X_OK):
+            raise InterpreterError(
+                f"execute_code: python_path is not executable: {path}; "
+                f"{_PYTHON_HINT} an executable Python interpreter"
+            )
+        return path
+
+    # --- layered loading ---------------------------------------------------------------------
+
+    @classmethod
+    def load(
+        cls,
+        toml_path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+        default_enabled: bool = False,
+        **overrides: Any,
+    ) -> ExecuteCodeConfig:
+        """Build a config from TOML, then the environment, then keyword overrides.
+
+        ``toml_path=None`` reads no file; a path that is given must exist. ``environ``
+        defaults to ``os.environ``. ``default_enabled`` is the value of ``enabled`` when no
+        layer sets it: library callers keep the spec's default (off), while the CLI and MCP
+        server pass ``True`` so that only an explicit ``false`` turns the tool off.
+        Overrides use the setting names; an override of ``None`` means "not given".
+
+        Raises ``ConfigError`` for a missing or unparseable TOML file and ``TypeError`` for
+        an unknown override name.
+        """
+        unknown = sorted(set(overrides) - set(SETTING_KEYS))
+        if unknown:
+            raise TypeError(f"ExecuteCodeConfig.load: unknown setting(s): {', '.join(unknown)}")
+
+        values = _defaults()
+        values["enabled"] = bool(default_enabled)
+        _merge(values, _read_toml(toml_path), "TOML")
+        _merge(values, _read_environ(environ), "environment")
+        _merge(values, {k: v for k, v in overrides.items() if v is not None}, "override")
+        return cls(**values)
+
+    @classmethod
+    def explicitly_disabled(
+        cls,
+        toml_path: str | os.PathLike[str] | None = None,
+        *,
+        environ: Mapping[str, str] | None = None,
+    ) -> bool:
+        """Whether the TOML file or the environment turns ``enabled`` off explicitly.
+
+        The environment wins over the file, as in :meth:`load`: ``enabled = false`` in TOML
+        with ``LEMON_EXECUTE_CODE_ENABLED=1`` is not disabled. Unset or unparseable values
+        do not count as disabling.
+        """
+        values: dict[str, Any] = {"enabled": None}
+        _merge(values, _pick(_read_toml(toml_path), "enabled"), "TOML")
+        _merge(values, _pick(_read_environ(environ), "enabled"), "environment")
+        return values["enabled"] is False
+
+
+def canonical_python(path: str | os.PathLike[str]) -> str:
+    """Return ``path`` absolute with every symlink resolved: one interpreter, one key.
+
+    Used to key session kernels, so ``/usr/bin/python3`` and the ``python3.11`` it points
+    to share a session.
+    """
+    return os.path.realpath(os.path.abspath(os.fspath(path)))
+
+
+# --- loading helpers ----------------------------------------------------------------------------
+
+
+def _defaults() -> dict[str, Any]:
+    traits = ExecuteCodeConfig.class_traits()
+    values = {key: traits[key].default() for key in SETTING_KEYS}
+    values["tools"] = list(values["tools"])
+    return values
+
+
+def _pick(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    return {key: raw[key]} if key in raw else {}
+
+
+def _read_toml(toml_path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """Return the execute_code table of ``toml_path`` ({} when the table is absent)."""
+    if toml_path is None:
+        return {}
+    path = Path(toml_path)
+    try:
+        with path.open("rb") as handle:
+            document = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"execute_code: config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"execute_code: could not parse config file {path}: {exc}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"execute_code: could not read config file {path}: {exc}") from None
+
+    table: Any = document
+    for part in TOML_TABLE:
+        if not isinstance(table, dict):
+            break
+        table = table.get(part, {})
+    if not isinstance(table, dict):
+        raise ConfigError(
+            f"execute_code: in config file {path}, [{'.'.join(TOML_TABLE)}] is not a table"
+        )
+    for key in sorted(set(table) - set(SETTING_KEYS)):
+        logger.warning("execute_code: ignoring unknown setting %r in %s", key, path)
+    return {key: table[key] for key in SETTING_KEYS if key in table}
+
+
+def _read_environ(environ: Mapping[str, str] | None) -> dict[str, Any]:
+    env = os.environ if environ is None else environ
+    found: dict[str, Any] = {}
+    for key in SETTING_KEYS:
+        name = ENV_PREFIX + key.upper()
+        if name in env:
+            found[key] = env[name]
+    return found
+
+
+def _merge(values: dict[str, Any], layer: dict[str, Any], source: str) -> None:
+    """Apply ``layer`` onto ``values``; a value that does not parse leaves the old one."""
+    for key, raw in layer.items():
+        parsed = _coerce(key, raw)
+        if parsed is _INVALID:
+            logger.warning("execute_code: ignoring unusable %s value %r for %s", source, raw, key)
+            continue
+        values[key] = parsed
+
+
+_INVALID: Any = object()
+
+
+def _coerce(key: str, raw: Any) -> Any:
+    """Turn a TOML, environment or override value into the trait's type, or ``_INVALID``."""
+    if key == "enabled":
+        return _coerce_bool(raw)
+    if key == "python_path":
+        return os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else _INVALID
+    if key == "tools":
+        return _coerce_tools(raw)
+    if key == "kernel_mode":
+        # Only the exact string "session" selects session mode; anything else is per_call.
+        return raw if isinstance(raw, str) else "per_call"
+    return _coerce_int(raw)
+
+
+def _coerce_bool(raw: Any) -> Any:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    return _INVALID
+
+
+def _coerce_int(raw: Any) -> Any:
+    # bool is an int subclass, but "timeout_ms = true" is a mistake, not 1.
+    if isinstance(raw, bool):
+        return _INVALID
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        text = raw.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                raw = float(text)
+            except ValueError:
+                return _INVALID
+    if isinstance(raw, float):
+        # Floats truncate toward zero; NaN and infinities have no integer meaning.
+        return int(raw) if math.isfinite(raw) else _INVALID
+    return _INVALID
+
+
+def _coerce_tools(raw: Any) -> Any:
+    if isinstance(raw, str):
+        items: list[Any] = raw.split(",")
+    elif isinstance(raw, (list, tuple)):
+        items = list(raw)
+    else:
+        return _INVALID
+    names = [item.strip() for item in items if isinstance(item, str) and item.strip()]
+    unknown = [name for name in names if name not in HELPER_ALLOWLIST]
+    if unknown:
+        logger.warning("execute_code: dropping unknown tool name(s): %s", ", ".join(unknown))
+    return names

@@ -1,0 +1,68 @@
+"""The exceptions lemon_exec raises on the host side.
+
+The tree, in one place (modelled on httpx's)::
+
+    LemonExecError                  base of everything below
+    ├── ConfigError                 a setting is unusable (bad python_path, no python3, ...)
+    ├── RefusedError                a call was refused before any code ran (disabled, bad params,
+    │                               already aborted, workspace creation failed); its message is the
+    │                               spec's refusal text, returned to the model as the tool result
+    ├── KernelError                 something went wrong with a kernel process
+    │   ├── KernelStartError        the kernel could not be started or did not become ready in 10 s
+    │   │   └── InterpreterError    the interpreter is missing, not executable, or has no ipykernel
+    │   └── DeadKernelError         the kernel died while a cell was running
+    ├── ProtocolError               a comm frame broke the protocol (see docs/comm-protocol.md)
+    ├── SessionBusyError            the session kernel's queue is full
+    └── ToolFailure                 a host-side tool failed; the message goes back to the script,
+        │                           where the helper raises it as ``ToolError``
+        └── ToolDenied              the policy or approval hook said no (counted as rpc_denied)
+
+Script failures (exceptions, ``SystemExit``, timeouts) are *not* host exceptions: they are
+outcomes, reported in the result's headline and ``details``.
+"""
+
+from __future__ import annotations
+
+
+class LemonExecError(Exception):
+    """Base class of every lemon_exec host-side error."""
+
+
+class ConfigError(LemonExecError):
+    """A configuration value cannot be used."""
+
+
+class RefusedError(LemonExecError):
+    """A call was refused before any code ran; ``str(err)`` is the text shown to the model."""
+
+
+class KernelError(LemonExecError):
+    """A kernel process failed."""
+
+
+class KernelStartError(KernelError):
+    """A kernel could not be started, or did not become ready within the startup timeout."""
+
+
+class InterpreterError(KernelStartError, ConfigError):
+    """The configured interpreter is missing, not executable, or lacks ipykernel."""
+
+
+class DeadKernelError(KernelError):
+    """The kernel process died while a cell was running."""
+
+
+class ProtocolError(LemonExecError):
+    """A comm-channel frame violated the protocol."""
+
+
+class SessionBusyError(LemonExecError):
+    """A session kernel's FIFO queue is full."""
+
+
+class ToolFailure(LemonExecError):
+    """A host-side tool failed; the message is passed to the script as a ``ToolError``."""
+
+
+class ToolDenied(ToolFailure):
+    """A tool call was denied by the policy hook or by the approval hook."""

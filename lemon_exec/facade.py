@@ -1,0 +1,297 @@
+"""ExecuteCode: the public facade of the execute_code tool.
+
+Async-first (``await run(...)``) with a synchronous twin (``run_sync``) that drives the same
+engine on a private event-loop thread. One facade lives on one event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.errors import ConfigError
+from lemon_exec.host.cell import AbortSignal
+from lemon_exec.host.engine import Engine
+from lemon_exec.host.sessions import SessionOwner, SessionRegistry, run_in_session
+from lemon_exec.result import ExecuteCodeResult, refusal
+from lemon_exec.schema import tool_schema
+from lemon_exec.scope import SessionScope
+from lemon_exec.telemetry import Handler, Telemetry
+from lemon_exec.tools import ToolHost, ToolRegistry, default_registry
+
+T = TypeVar("T")
+
+DISABLED = (
+    "execute_code is disabled. Enable it with `enabled = true` under "
+    "[runtime.tools.execute_code] or LEMON_EXECUTE_CODE_ENABLED=1."
+)
+MISSING_SCRIPT = "execute_code: `script` is required and must be a non-empty string."
+BAD_RESET = "execute_code: `reset` must be a boolean (true or false)."
+BAD_TIMEOUT = "execute_code: `timeout_ms` must be an integer number of milliseconds."
+ALREADY_ABORTED = "execute_code: the call was aborted before it started; nothing ran."
+MIN_TIMEOUT_MS = 1000
+
+
+class ExecuteCode:
+    """The execute_code tool.
+
+    ``config`` defaults to ``ExecuteCodeConfig.load()`` (TOML-less, environment applied).
+    ``tools`` replaces the default read/grep/find/ls/webfetch implementations; ``policy``,
+    ``approval`` and ``approval_required`` are the runtime's hooks (see docs/tools.md).
+    Use as ``async with ExecuteCode(...) as tool:`` or call :meth:`aclose` when done.
+    """
+
+    def __init__(
+        self,
+        config: ExecuteCodeConfig | None = None,
+        *,
+        tools: ToolRegistry | None = None,
+        policy: Any = None,
+        approval: Any = None,
+        approval_required: Any = None,
+        on_event: Handler | None = None,
+        staging_base: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.config = config if config is not None else ExecuteCodeConfig.load()
+        self.telemetry = Telemetry()
+        if on_event is not None:
+            self.telemetry.subscribe(on_event)
+        self._tool_host = ToolHost(
+            tools if tools is not None else default_registry(),
+            policy=policy,
+            approval=approval,
+            approval_required=approval_required,
+        )
+        self._staging_base = Path(staging_base) if staging_base is not None else None
+        self._engine: Engine | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._portal: _LoopThread | None = None
+        self._owners: dict[SessionScope, SessionOwner] = {}
+        self._closed = False
+
+    # -- public API -------------------------------------------------------------------------------
+
+    def schema(self) -> dict[str, Any]:
+        """The tool's name, generated description and JSON input schema."""
+        return tool_schema(self.config)
+
+    async def run(
+        self,
+        script: Any,
+        *,
+        timeout_ms: Any = None,
+        reset: Any = False,
+        scope: SessionScope | None = None,
+        on_update: Callable[[str], None] | None = None,
+        abort: AbortSignal | None = None,
+        _owner: SessionOwner | None = None,
+    ) -> ExecuteCodeResult:
+        """Run one script and return its result; script failures are results, not exceptions.
+
+        ``scope`` identifies the session in session mode (without it the call runs isolated
+        with ``fallback_reason: missing_session_scope``); ``on_update`` receives notify()
+        messages in order; ``abort`` (an ``asyncio.Event`` or ``threading.Event``) stops the
+        script when set. Cancelling the awaiting task counts as the caller's death.
+        """
+        entered = time.monotonic()
+        config = self.config
+        mode = config.mode
+        details: dict[str, Any] = {
+            "mode": mode,
+            "persistent": False,
+            "reset_performed": False,
+            "state_retained": False,
+        }
+        if not config.enabled:
+            return refusal(DISABLED, details)
+        if not isinstance(script, str) or not script.strip():
+            return refusal(MISSING_SCRIPT, details)
+        if not isinstance(reset, bool):
+            return refusal(BAD_RESET, details)
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)
+        ):
+            return refusal(BAD_TIMEOUT, details)
+        if abort is not None and abort.is_set():
+            return refusal(ALREADY_ABORTED, details)
+        effective_ms = _clamp_timeout(timeout_ms, config.timeout_ms)
+        cwd = Path(scope.cwd) if scope is not None and scope.cwd is not None else Path.cwd()
+        try:
+            interpreter = config.resolve_python(cwd)
+        except ConfigError as exc:
+            return refusal(str(exc), details)
+        engine = self._ensure_engine()
+        deadline = entered + effective_ms / 1000
+        if mode == "session":
+            owner = _owner
+            if owner is None and scope is not None and scope.complete:
+                owner = self._default_owner(scope)
+            result = await run_in_session(
+                engine, script, owner=owner, scope=scope, interpreter=interpreter, cwd=cwd,
+                deadline=deadline, timeout_ms=effective_ms, reset=reset, abort=abort,
+                on_update=on_update, details=details,
+            )
+        else:
+            result = await engine.run_per_call(
+                script, interpreter=interpreter, cwd=cwd, deadline=deadline,
+                timeout_ms=effective_ms, abort=abort, on_update=on_update, details=details,
+            )
+        result.details["duration_ms"] = int((time.monotonic() - entered) * 1000)
+        self._emit_stop(result)
+        return result
+
+    async def attach(self, scope: SessionScope) -> SessionOwner:
+        """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md)."""
+        engine = self._ensure_engine()
+        return SessionOwner(self, self._registry(engine), scope)
+
+    def snapshot(self) -> dict[str, Any]:
+        """Aggregate kernel counts (no identities): the session registry plus spares."""
+        engine = self._engine
+        sessions = engine.sessions.snapshot() if engine and engine.sessions else {
+            "live": 0, "capacity": self.config.max_live_kernels,
+            "phases": {"starting": 0, "idle": 0, "running": 0, "stopping": 0}, "owners": 0,
+            "forks": 0, "queued": 0, "evicted_total": 0, "reaped_total": 0,
+            "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
+            "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel}
+        sessions["spares"] = engine.pool.spare_count if engine else 0
+        sessions["kernels_total"] = engine.live_kernels if engine else 0
+        return sessions
+
+    def run_sync(self, script: Any, **kwargs: Any) -> ExecuteCodeResult:
+        """Blocking twin of :meth:`run` (``abort`` may be a ``threading.Event``)."""
+        return self._call_sync(self.run(script, **kwargs))
+
+    async def aclose(self) -> None:
+        """Stop every kernel this facade started and remove its private files."""
+        self._closed = True
+        if self._engine is not None:
+            engine, self._engine = self._engine, None
+            await engine.aclose()
+
+    def close(self) -> None:
+        """Blocking twin of :meth:`aclose`."""
+        if self._portal is not None:
+            portal, self._portal = self._portal, None
+            try:
+                portal.call(self.aclose())
+            finally:
+                portal.stop()
+        elif self._engine is not None:
+            loop = self._loop
+            if loop is not None and loop.is_running():
+                raise RuntimeError("ExecuteCode.close() called on a running loop; await aclose()")
+            asyncio.run(self.aclose())
+
+    async def __aenter__(self) -> ExecuteCode:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __enter__(self) -> ExecuteCode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _ensure_engine(self) -> Engine:
+        loop = asyncio.get_running_loop()
+        if self._closed:
+            raise RuntimeError("this ExecuteCode facade is closed")
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError(
+                "an ExecuteCode facade is bound to the event loop it was first used on; "
+                "create one facade per loop (or use run_sync from threads)"
+            )
+        if self._engine is None:
+            self._engine = Engine(self.config, self._tool_host, self.telemetry,
+                                  self._staging_base)
+        return self._engine
+
+    def _registry(self, engine: Engine) -> SessionRegistry:
+        if engine.sessions is None:
+            engine.sessions = SessionRegistry(engine)
+        return engine.sessions
+
+    def _default_owner(self, scope: SessionScope) -> SessionOwner:
+        """The facade's own owner for ``scope`` (``run(scope=...)`` without ``attach``)."""
+        owner = self._owners.get(scope)
+        if owner is None or owner.closed:
+            engine = self._ensure_engine()
+            owner = SessionOwner(self, self._registry(engine), scope)
+            self._owners[scope] = owner
+        return owner
+
+    def _call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            coro.close()
+            raise RuntimeError("run_sync() called from a running event loop; use await run()")
+        if self._portal is None:
+            if self._loop is not None:
+                coro.close()
+                raise RuntimeError("this facade is bound to another event loop; use await run()")
+            self._portal = _LoopThread()
+        return self._portal.call(coro)
+
+    def _emit_stop(self, result: ExecuteCodeResult) -> None:
+        d = result.details
+        self.telemetry.emit(
+            "execute_code.stop",
+            {k: d.get(k, 0) or 0 for k in ("duration_ms", "rpc_calls", "rpc_denied",
+                                           "rpc_errors", "rpc_bytes", "text_blocks",
+                                           "notifications")},
+            {
+                "mode": d.get("mode"),
+                "outcome": _outcome(d),
+                "trust": result.trust,
+                "fallback_reason": d.get("fallback_reason"),
+                "truncated": bool(d.get("truncated")),
+            },
+        )
+
+
+def _clamp_timeout(requested: Any, ceiling: int) -> int:
+    if requested is None:
+        return ceiling
+    return int(min(max(int(requested), MIN_TIMEOUT_MS), ceiling))
+
+
+def _outcome(details: dict[str, Any]) -> str:
+    for flag in ("timed_out", "cancelled", "crashed", "error", "busy"):
+        if details.get(flag):
+            return flag
+    return "ok" if details.get("exit_code") == 0 else "failed"
+
+
+class _LoopThread:
+    """An event loop on a daemon thread, for the synchronous API."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name="lemon-exec-loop",
+                                        daemon=True)
+        self._thread.start()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self.loop.close()

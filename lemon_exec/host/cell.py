@@ -1,0 +1,218 @@
+"""Run one script cell on a ManagedKernel, end to end, and say how it ended.
+
+Output, text blocks, notifications and helper calls are all handled as they arrive (the
+kernel's IOPub reader calls :class:`_CellSink`), while a watchdog waits for the end: the
+execute reply *and* IOPub idle, the deadline, an abort, or the kernel's death (polled, so a
+dead kernel is noticed within about 100 ms and never waited on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lemon_exec._constants import GRACE_S
+from lemon_exec.host.bridge import BridgeLimits, BridgeStats, HostBridge
+from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host.output import CapturedOutput, OutputCapture
+from lemon_exec.kernel import protocol
+from lemon_exec.tools import ToolHost
+
+_WATCHDOG_S = 0.1
+#: After the kernel died, how long to wait for messages it sent just before.
+_DEATH_DRAIN_S = 0.05
+
+AbortSignal = asyncio.Event | threading.Event
+
+
+@dataclass
+class CellRequest:
+    code: str
+    deadline: float  # time.monotonic() by which the cell must have ended
+    helpers: tuple[str, ...]
+    limits: BridgeLimits
+    max_output_bytes: int
+    spill_dir: Path
+    cwd: Path
+    filename: str = "script.py"
+    chdir: bool = False  # per-call claims move the kernel to cwd; sessions start there
+    env: dict[str, str] | None = None
+    aborts: tuple[AbortSignal, ...] = ()
+    on_update: Callable[[str], None] | None = None
+
+
+@dataclass
+class CellResult:
+    """How a cell ended. ``end`` is one of ok, exit, exception, timeout, cancelled, crashed."""
+
+    end: str
+    output: CapturedOutput
+    text_blocks: list[str]
+    stats: BridgeStats
+    exit_code: int | None = None
+    ename: str = ""
+    evalue: str = ""
+    duration_ms: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kernel_reusable(self) -> bool:
+        """Whether the kernel's state survives (the spec's state-retention table)."""
+        return self.end in ("ok", "exit", "exception")
+
+
+class _CellSink:
+    """Receives the cell's IOPub messages and its execute reply."""
+
+    def __init__(self, capture: OutputCapture, bridge: HostBridge) -> None:
+        self.capture = capture
+        self.bridge = bridge
+        self.reply: dict[str, Any] | None = None
+        self.idle = False
+        self.done = asyncio.get_running_loop().create_future()
+
+    def on_iopub(self, msg: dict[str, Any]) -> None:
+        msg_type = msg.get("msg_type")
+        content = msg.get("content") or {}
+        if msg_type == "stream":
+            self.capture.write(str(content.get("text", "")))
+        elif msg_type == "comm_msg":
+            if content.get("comm_id") == self.bridge.comm_id:
+                self.bridge.handle(content.get("data"))
+        elif msg_type in ("display_data", "execute_result"):
+            plain = (content.get("data") or {}).get("text/plain")
+            if isinstance(plain, str):
+                self.capture.write(plain + "\n")
+        elif msg_type == "status" and content.get("execution_state") == "idle":
+            self.idle = True
+            self._check_done()
+
+    def on_reply(self, msg: dict[str, Any]) -> None:
+        if msg.get("msg_type") == "execute_reply":
+            self.reply = msg.get("content") or {}
+            self._check_done()
+
+    def _check_done(self) -> None:
+        if self.reply is not None and self.idle and not self.done.done():
+            self.done.set_result(None)
+
+
+async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolHost) -> CellResult:
+    """Run ``request.code`` on ``kernel``. Never raises for script failures; never hangs."""
+    started = time.monotonic()
+    capture = OutputCapture(request.max_output_bytes, request.spill_dir)
+    bridge = HostBridge(
+        tool_host=tool_host,
+        enabled_tools=request.helpers,
+        cwd=request.cwd,
+        limits=request.limits,
+        send_reply=kernel.send_bridge_reply,
+        on_notify=request.on_update,
+    )
+    sink = _CellSink(capture, bridge)
+    metadata = {
+        protocol.CELL_METADATA_KEY: {
+            "v": protocol.PROTOCOL_VERSION,
+            "token": bridge.token,
+            "comm_id": bridge.comm_id,
+            "helpers": list(request.helpers),
+            "max_text_bytes": request.limits.max_text_bytes,
+            "filename": request.filename,
+            **({"cwd": str(request.cwd)} if request.chdir else {}),
+            **({"env": request.env} if request.env else {}),
+        }
+    }
+    msg_id = kernel.execute(request.code, metadata, sink)
+    end = "ok"
+    try:
+        end = await _watch(kernel, sink, request)
+        if end in ("timeout", "cancelled"):
+            await _interrupt(kernel, sink)
+    except asyncio.CancelledError:
+        # The caller died: treat it as an abort, but still interrupt before unwinding.
+        with contextlib.suppress(BaseException):
+            await _interrupt(kernel, sink)
+        raise
+    finally:
+        kernel.release(msg_id)
+        await bridge.aclose()
+        output = capture.finish()
+    result = CellResult(
+        end=end,
+        output=output,
+        text_blocks=list(bridge.text_blocks),
+        stats=bridge.stats,
+        duration_ms=int((time.monotonic() - started) * 1000),
+    )
+    if end == "ok":
+        _apply_reply(result, sink.reply or {})
+    elif end == "crashed":
+        result.exit_code = await kernel.exit_status()
+    return result
+
+
+async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -> str:
+    # asyncio.Events are awaited; threading.Events are polled by the watchdog tick.
+    abort_waits = [asyncio.ensure_future(a.wait()) for a in request.aborts
+                   if isinstance(a, asyncio.Event)]
+    try:
+        while True:
+            remaining = request.deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            await asyncio.wait({sink.done, *abort_waits}, timeout=min(_WATCHDOG_S, remaining),
+                               return_when=asyncio.FIRST_COMPLETED)
+            if sink.done.done():
+                return "ok"
+            if any(a.is_set() for a in request.aborts):
+                return "cancelled"
+            if not await kernel.is_alive():
+                await asyncio.sleep(_DEATH_DRAIN_S)  # let messages sent just before arrive
+                return "ok" if sink.done.done() else "crashed"
+    finally:
+        for waiter in abort_waits:
+            waiter.cancel()
+
+
+async def _interrupt(kernel: ManagedKernel, sink: _CellSink) -> None:
+    """SIGINT the process group and give the cell one grace period to flush and finish.
+
+    The kernel is discarded afterwards either way (the caller escalates to SIGTERM and
+    SIGKILL); the grace period is what lets partial output and text blocks arrive.
+    """
+    await kernel.signal_group(signal.SIGINT)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(asyncio.shield(sink.done), GRACE_S)
+
+
+def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
+    outcome = reply.get("lemon")
+    if isinstance(outcome, dict):
+        kind = outcome.get("kind", "ok")
+        result.end = kind if kind in ("ok", "exit", "exception") else "exception"
+        result.exit_code = int(outcome.get("exit_code") or 0)
+        result.ename = str(outcome.get("ename") or "")
+        result.evalue = str(outcome.get("evalue") or "")
+    elif reply.get("status") == "error":
+        result.end, result.exit_code = "exception", 1
+        result.ename, result.evalue = str(reply.get("ename", "")), str(reply.get("evalue", ""))
+    else:
+        result.exit_code = 0
+
+
+async def dispose(kernel: ManagedKernel) -> None:
+    """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up."""
+    if kernel.disposed:
+        return
+    await kernel.signal_group(signal.SIGTERM)
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and await kernel.is_alive():
+        await asyncio.sleep(0.02)
+    await kernel.kill()

@@ -1,0 +1,191 @@
+"""The engine behind the facade: owns the staging root, spares, sessions and tool host.
+
+It runs validated calls in the configured mode and assembles results. Everything here lives
+on one asyncio loop; the facade makes sure of that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.errors import KernelStartError, LemonExecError, RefusedError
+from lemon_exec.host import cell as cells
+from lemon_exec.host.bridge import BridgeLimits
+from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host.kernelspec import kernel_pythonpath
+from lemon_exec.host.pool import KernelPool
+from lemon_exec.host.staging import StagingRoot
+from lemon_exec.result import ExecuteCodeResult, build_result, refusal
+from lemon_exec.telemetry import Telemetry
+from lemon_exec.tools import ToolHost
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(
+        self,
+        config: ExecuteCodeConfig,
+        tool_host: ToolHost,
+        telemetry: Telemetry,
+        staging_base: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.tool_host = tool_host
+        self.telemetry = telemetry
+        self.staging = StagingRoot.create(staging_base)
+        self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+        self.pool = KernelPool(self._start_spare, config.warm_kernels)
+        self._background: set[asyncio.Task[Any]] = set()
+        self._live: set[ManagedKernel] = set()
+        self.sessions: Any = None  # set by the facade when session mode is first used
+        self._closed = False
+
+    # -- kernels -------------------------------------------------------------------------------
+
+    async def start_kernel(self, interpreter: str, cwd: str, *, mode: str, source: str = "cold"
+                           ) -> ManagedKernel:
+        if self._closed:
+            raise RefusedError("execute_code: the tool is shutting down")
+        started = time.monotonic()
+        env = {"PYTHONPATH": _join_path(self._pypath, os.environ.get("PYTHONPATH"))}
+        ok = False
+        try:
+            kernel = await ManagedKernel.start(
+                interpreter=interpreter, cwd=cwd, runtime_dir=self.staging.runtime_dir, env=env
+            )
+            ok = True
+        finally:
+            self.telemetry.emit(
+                "kernel.start",
+                {"duration_ms": int((time.monotonic() - started) * 1000)},
+                {"mode": mode, "source": source, "ok": ok},
+            )
+        self._live.add(kernel)
+        return kernel
+
+    async def _start_spare(self, interpreter: str) -> ManagedKernel:
+        return await self.start_kernel(interpreter, str(self.staging.work_dir), mode="per_call",
+                                       source="spare")
+
+    async def stop(self, kernel: ManagedKernel, *, reason: str, mode: str,
+                   cells_run: int = 1) -> None:
+        """Stop ``kernel`` now: SIGTERM its group, one grace period, then SIGKILL."""
+        lifetime = int((time.monotonic() - kernel.started_at) * 1000)
+        try:
+            await cells.dispose(kernel)
+        finally:
+            self._live.discard(kernel)
+            self.telemetry.emit("kernel.stop", {"lifetime_ms": lifetime, "cells": cells_run},
+                                {"mode": mode, "reason": reason})
+
+    def discard(self, kernel: ManagedKernel, *, reason: str, mode: str, cells_run: int = 1) -> None:
+        """Like :meth:`stop`, in the background; tracked so that close waits for it."""
+        self.spawn(self.stop(kernel, reason=reason, mode=mode, cells_run=cells_run))
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        return task
+
+    @property
+    def live_kernels(self) -> int:
+        return len(self._live)
+
+    # -- cells ----------------------------------------------------------------------------------
+
+    def limits(self) -> BridgeLimits:
+        c = self.config
+        return BridgeLimits(
+            max_calls=c.max_rpc_calls,
+            max_result_bytes=c.max_rpc_result_bytes,
+            max_text_bytes=c.max_text_bytes,
+            max_parallel=c.max_parallel_rpc,
+        )
+
+    def cell_request(self, script: str, *, cwd: Path, deadline: float, chdir: bool,
+                     aborts: tuple[Any, ...], on_update: Callable[[str], None] | None,
+                     filename: str = "script.py") -> cells.CellRequest:
+        return cells.CellRequest(
+            code=script,
+            deadline=deadline,
+            helpers=self.config.enabled_helpers,
+            limits=self.limits(),
+            max_output_bytes=self.config.max_output_bytes,
+            spill_dir=self.staging.spill_dir,
+            cwd=cwd,
+            filename=filename,
+            chdir=chdir,
+            aborts=aborts,
+            on_update=on_update,
+        )
+
+    async def run_per_call(
+        self,
+        script: str,
+        *,
+        interpreter: str,
+        cwd: Path,
+        deadline: float,
+        timeout_ms: int,
+        abort: Any,
+        on_update: Callable[[str], None] | None,
+        details: dict[str, Any],
+        notes: list[str] | None = None,
+    ) -> ExecuteCodeResult:
+        """One script in a fresh kernel and a fresh private workspace, both gone afterwards."""
+        try:
+            workspace = self.staging.new_workspace()
+        except RefusedError as exc:
+            return refusal(str(exc), details)
+        try:
+            self.staging.write_private_file(workspace, "script.py", script)
+            try:
+                kernel, source = await self.pool.claim(interpreter)
+            except LemonExecError as exc:
+                return refusal(str(exc), details)
+            try:
+                request = self.cell_request(script, cwd=cwd, deadline=deadline, chdir=True,
+                                            aborts=(abort,) if abort is not None else (),
+                                            on_update=on_update)
+                result = await cells.run_cell(kernel, request, self.tool_host)
+            finally:
+                # A used kernel is never reused: stopped in the background, off the hot path.
+                self.discard(kernel, reason="finished", mode="per_call")
+        finally:
+            self.staging.remove_workspace(workspace)
+        details = {**details, "kernel_source": source}
+        return build_result(result, timeout_ms=timeout_ms, details=details, notes=notes)
+
+    # -- shutdown -------------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop spares, sessions and every kernel; wait for background stops; remove files."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.sessions is not None:
+            with contextlib.suppress(Exception):
+                await self.sessions.aclose()
+        await self.pool.aclose()
+        while self._background:
+            await asyncio.gather(*list(self._background), return_exceptions=True)
+        await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
+        self._live.clear()
+        self.staging.close()
+
+
+def _join_path(first: str, rest: str | None) -> str:
+    return first if not rest else first + os.pathsep + rest
+
+
+__all__ = ["Engine", "KernelStartError"]

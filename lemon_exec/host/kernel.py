@@ -1,0 +1,304 @@
+"""ManagedKernel: one lemon-python kernel process and the host's connection to it.
+
+Started through jupyter_client (AsyncKernelManager + AsyncKernelClient) with the ipc transport
+and its connection file in the host's private 0700 runtime directory. Two reader tasks route
+IOPub and shell messages to the cell that sent the request (by parent ``msg_id``), so a person
+attached to the same kernel with their own client never leaks into an agent's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from jupyter_client import AsyncKernelClient, AsyncKernelManager
+
+from lemon_exec._constants import STARTUP_TIMEOUT_S
+from lemon_exec.errors import InterpreterError, KernelStartError
+from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
+from lemon_exec.kernel import protocol
+
+log = logging.getLogger(__name__)
+
+_LIVENESS_POLL_S = 0.1
+
+
+class MessageSink(Protocol):
+    """Receives the messages whose parent is one request of ours."""
+
+    def on_iopub(self, msg: dict[str, Any]) -> None: ...
+
+    def on_reply(self, msg: dict[str, Any]) -> None: ...
+
+
+class ManagedKernel:
+    """A running lemon-python kernel. Create with :meth:`start`; dispose with :meth:`kill`."""
+
+    def __init__(
+        self,
+        km: AsyncKernelManager,
+        kc: AsyncKernelClient,
+        *,
+        kernel_id: str,
+        interpreter: str,
+        log_path: Path,
+    ) -> None:
+        self.kernel_id = kernel_id
+        self.interpreter = interpreter
+        self.started_at = time.monotonic()
+        self._km = km
+        self._kc = kc
+        self._log_path = log_path
+        self._sinks: dict[str, MessageSink] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self._welcome = asyncio.get_running_loop().create_future()
+        self._kernel_info: asyncio.Future[dict[str, Any]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._disposed = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        interpreter: str,
+        cwd: str,
+        runtime_dir: Path,
+        env: dict[str, str] | None = None,
+        timeout: float = STARTUP_TIMEOUT_S,
+    ) -> ManagedKernel:
+        """Start a kernel and wait until it is ready; never leaves a process behind on failure."""
+        kernel_id = secrets.token_hex(8)
+        spec_manager = LemonKernelSpecManager(interpreter=interpreter, env=env or {})
+        km = AsyncKernelManager(
+            kernel_name=KERNEL_NAME,
+            kernel_spec_manager=spec_manager,
+            transport="ipc",
+            ip=str(runtime_dir / f"k-{kernel_id}-ipc"),
+            connection_file=str(runtime_dir / f"kernel-{kernel_id}.json"),
+        )
+        log_path = runtime_dir / f"kernel-{kernel_id}.log"
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        kernel: ManagedKernel | None = None
+        try:
+            try:
+                await asyncio.wait_for(
+                    km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=log_fd),
+                    timeout,
+                )
+            except FileNotFoundError as exc:
+                raise InterpreterError(
+                    f"execute_code: python_path not found: {interpreter}; set python_path "
+                    "(or LEMON_EXECUTE_CODE_PYTHON_PATH) to an existing Python interpreter"
+                ) from exc
+            except PermissionError as exc:
+                raise InterpreterError(
+                    f"execute_code: python_path is not executable: {interpreter}; set "
+                    "python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to a Python interpreter"
+                ) from exc
+            kc = km.client()
+            kc.start_channels()
+            kernel = cls(km, kc, kernel_id=kernel_id, interpreter=interpreter, log_path=log_path)
+            kernel._start_readers()
+            await kernel._wait_ready(time.monotonic() + timeout)
+            return kernel
+        except BaseException:
+            if kernel is not None:
+                await kernel.kill()
+            else:
+                await _kill_manager(km)
+            _unlink(log_path)
+            raise
+        finally:
+            os.close(log_fd)
+
+    async def _wait_ready(self, deadline: float) -> None:
+        # Ready = answered kernel_info AND IOPub subscribed. ipykernel >= 7.2 says the latter
+        # with iopub_welcome; older kernels are ready once any IOPub message arrives.
+        self.send_shell("kernel_info_request", {})
+        waiting = asyncio.gather(self._kernel_info, self._welcome)
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=_LIVENESS_POLL_S)
+                if done:
+                    waiting.result()
+                    return
+                if not await self.is_alive():
+                    raise self._start_failure("the kernel process exited during startup")
+                if time.monotonic() > deadline:
+                    raise KernelStartError(
+                        f"execute_code: the kernel did not become ready within "
+                        f"{STARTUP_TIMEOUT_S:.0f} s; check that {self.interpreter} runs and has "
+                        "ipykernel installed"
+                    )
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await waiting
+
+    def _start_failure(self, what: str) -> KernelStartError:
+        tail = _read_tail(self._log_path)
+        if "No module named" in tail and ("ipykernel" in tail or "lemon_exec" in tail):
+            return InterpreterError(
+                f"execute_code: {self.interpreter} has no ipykernel; install it with "
+                f"`{self.interpreter} -m pip install ipykernel` or set python_path to an "
+                "interpreter that has it"
+            )
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no error output"
+        return KernelStartError(f"execute_code: {what} ({detail})")
+
+    async def kill(self) -> None:
+        """Kill the kernel's whole process group and remove its files (idempotent)."""
+        if self._disposed:
+            return
+        self._disposed = True
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._kc.stop_channels()
+        await _kill_manager(self._km)
+        _unlink(self._log_path)
+
+    @property
+    def disposed(self) -> bool:
+        return self._disposed
+
+    async def is_alive(self) -> bool:
+        return not self._disposed and await self._km.is_alive()
+
+    async def exit_status(self) -> int | None:
+        """The process's exit status once it has ended (negative: killed by that signal)."""
+        provisioner = self._km.provisioner
+        return None if provisioner is None else await provisioner.poll()
+
+    async def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the kernel's process group (the script's children included)."""
+        with contextlib.suppress(ProcessLookupError, OSError, RuntimeError):
+            await self._km.signal_kernel(signum)
+
+    @property
+    def pid(self) -> int | None:
+        provisioner = self._km.provisioner
+        return getattr(provisioner, "pid", None)
+
+    @property
+    def connection_file(self) -> str:
+        return self._km.connection_file
+
+    # -- messages ------------------------------------------------------------------------
+
+    def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
+        """Send an execute_request whose outputs go to ``sink``; returns its msg_id."""
+        msg = self._kc.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+            metadata=metadata,
+        )
+        msg_id: str = msg["header"]["msg_id"]
+        self._sinks[msg_id] = sink
+        self._kc.shell_channel.send(msg)
+        return msg_id
+
+    def release(self, msg_id: str) -> None:
+        """Stop routing messages of ``msg_id``; later ones are dropped."""
+        self._sinks.pop(msg_id, None)
+
+    def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
+        msg = self._kc.session.msg(msg_type, content)
+        self._kc.shell_channel.send(msg)
+        return msg["header"]["msg_id"]
+
+    def send_bridge_reply(self, content: dict[str, Any]) -> None:
+        """Send a bridge reply on the control channel (see docs/comm-protocol.md §3)."""
+        if self._disposed:
+            return
+        self._kc.control_channel.send(self._kc.session.msg(protocol.REPLY_MSG_TYPE, content))
+
+    def _start_readers(self) -> None:
+        self._readers = [
+            asyncio.create_task(self._read(self._kc.iopub_channel, self._route_iopub)),
+            asyncio.create_task(self._read(self._kc.shell_channel, self._route_reply)),
+            asyncio.create_task(self._read(self._kc.control_channel, _ignore)),
+        ]
+
+    async def _read(self, channel: Any, route: Callable[[dict[str, Any]], None]) -> None:
+        while True:
+            try:
+                msg = await channel.get_msg()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a malformed or badly signed message: drop it, keep reading
+                log.debug("dropped an undecodable kernel message", exc_info=True)
+                await asyncio.sleep(0)
+                continue
+            try:
+                route(msg)
+            except Exception:
+                log.exception("error routing a kernel message")
+
+    def _route_iopub(self, msg: dict[str, Any]) -> None:
+        msg_type = msg.get("msg_type")
+        if msg_type == "iopub_welcome" or (msg_type == "status" and not self._welcome.done()):
+            if not self._welcome.done():
+                self._welcome.set_result(None)
+            return
+        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if sink is not None:
+            sink.on_iopub(msg)
+
+    def _route_reply(self, msg: dict[str, Any]) -> None:
+        if msg.get("msg_type") == "kernel_info_reply":
+            if not self._kernel_info.done():
+                self._kernel_info.set_result(msg["content"])
+            return
+        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if sink is not None:
+            sink.on_reply(msg)
+
+
+def _ignore(_msg: dict[str, Any]) -> None:
+    """Control replies (e.g. to interrupts) need no routing, but must be drained."""
+
+
+async def _kill_manager(km: AsyncKernelManager) -> None:
+    with contextlib.suppress(Exception):
+        if km.has_kernel:
+            await km.signal_kernel(signal.SIGKILL)
+            await km.shutdown_kernel(now=True)
+    with contextlib.suppress(Exception):
+        await km.cleanup_resources()
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _read_tail(path: Path, limit: int = 4096) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,585 @@
+"""Session mode: persistent kernels keyed by session, with owners, a FIFO queue, forks on
+reset, strict LRU capacity and idle reaping (spec "session (opt-in)" to "Bounds and reaping").
+
+Everything runs on the facade's event loop, so the registry needs no locks: each state change
+happens between two awaits. Terms:
+
+- **key**: session id, agent id, canonical cwd, canonical interpreter, helper set and protocol
+  version. The kernel id shown to people is an HMAC of it under a per-host salt.
+- **entry** (:class:`SessionKernel`): one kernel slot for a key (or a fork of it): the kernel,
+  its phase, owners, FIFO queue, and why state was last lost.
+- **owner** (:class:`SessionOwner`): a caller's handle. Closing it, cancelling the task that
+  runs its cell, or dropping it (garbage collection) is owner death.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import itertools
+import secrets
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from lemon_exec.config import canonical_python
+from lemon_exec.errors import LemonExecError, SessionBusyError
+from lemon_exec.host import cell as cells
+from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.kernel import protocol
+from lemon_exec.result import ExecuteCodeResult, build_result, refusal
+from lemon_exec.scope import SessionScope
+
+if TYPE_CHECKING:
+    from lemon_exec.host.engine import Engine
+
+FALLBACK_NOTE = (
+    "Note: this call ran isolated in a fresh interpreter ({reason}); "
+    "its state will not persist."
+)
+
+
+class Fallback(Exception):
+    """Session mode cannot run this call; run it per-call instead (before any code started)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class _OwnerGone(Exception):
+    """The owner was closed while its call waited in the queue."""
+
+
+@dataclass(frozen=True)
+class SessionKey:
+    session_id: str
+    agent_id: str
+    cwd: str
+    interpreter: str
+    helpers: tuple[str, ...]
+    protocol: int = protocol.PROTOCOL_VERSION
+
+    @classmethod
+    def build(cls, scope: SessionScope, cwd: Path, interpreter: str,
+              helpers: tuple[str, ...]) -> SessionKey:
+        return cls(str(scope.session_id), str(scope.agent_id), str(Path(cwd).resolve()),
+                   canonical_python(interpreter), helpers)
+
+    def kernel_id(self, salt: bytes, fork: int) -> str:
+        """An opaque id, safe as a file name, that reveals nothing of the key."""
+        material = repr((self, fork)).encode("utf-8", "surrogatepass")
+        return hmac.new(salt, material, hashlib.sha256).hexdigest()[:20]
+
+
+@dataclass
+class _Ticket:
+    owner_id: int
+    granted: asyncio.Future[None]
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)  # identity semantics: entries live in sets
+class SessionKernel:
+    key: SessionKey
+    kernel_id: str
+    fork: int
+    kernel: ManagedKernel | None = None
+    phase: str = "empty"  # empty | starting | idle | running | stopping
+    owners: set[int] = field(default_factory=set)
+    queue: deque[_Ticket] = field(default_factory=deque)
+    active: _Ticket | None = None
+    created: float = field(default_factory=time.monotonic)
+    last_used: float = field(default_factory=time.monotonic)
+    cells_run: int = 0
+    lost_reason: str | None = None  # why the previous kernel's state is gone
+
+    @property
+    def busy(self) -> bool:
+        return self.active is not None or bool(self.queue) or self.phase in (
+            "starting", "running", "stopping")
+
+    @property
+    def holds_kernel(self) -> bool:
+        return self.kernel is not None or self.phase == "starting"
+
+
+class SessionOwner:
+    """A handle that (co-)owns a session kernel; from :meth:`ExecuteCode.attach`.
+
+    ``await owner.run(script, ...)`` runs in the owner's kernel; ``await owner.aclose()``
+    (or ``close()``) detaches: queued calls are removed, an active call is aborted and its
+    kernel discarded, and a kernel left without owners stops at once.
+    """
+
+    _ids = itertools.count(1)
+
+    def __init__(self, facade: Any, registry: SessionRegistry, scope: SessionScope) -> None:
+        self.scope = scope
+        self.owner_id = next(SessionOwner._ids)
+        self._facade = facade
+        self._registry = registry
+        self._closed = False
+        loop = asyncio.get_running_loop()
+        weakref.finalize(self, _owner_collected, weakref.ref(registry), self.owner_id, loop)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def run(self, script: Any, **kwargs: Any) -> ExecuteCodeResult:
+        if self._closed:
+            return refusal("execute_code: this session owner handle is closed",
+                           {"mode": "session", "persistent": False,
+                            "reset_performed": False, "state_retained": False})
+        return await self._facade.run(script, scope=self.scope, _owner=self, **kwargs)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._registry.detach(self.owner_id)
+
+    def close(self) -> None:
+        """Detach without awaiting (the kernel, if ownerless, stops in the background)."""
+        if not self._closed:
+            self._closed = True
+            self._registry.detach_soon(self.owner_id)
+
+
+def _owner_collected(registry_ref: Any, owner_id: int, loop: asyncio.AbstractEventLoop) -> None:
+    registry = registry_ref()
+    if registry is not None and not loop.is_closed():
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(registry.detach_soon, owner_id)
+
+
+@dataclass
+class SessionRun:
+    cell: cells.CellResult
+    details: dict[str, Any]
+
+
+class SessionRegistry:
+    """Key → kernel entries, owners, queues, LRU eviction and the idle reaper."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._salt = secrets.token_bytes(16)
+        self._shared: dict[SessionKey, SessionKernel] = {}
+        self._bindings: dict[int, SessionKernel] = {}
+        self._entries: set[SessionKernel] = set()
+        self._fork_counter = itertools.count(1)
+        self._reaper: asyncio.Task[None] | None = None
+        self._closed = False
+        self.evicted_total = 0
+        self.reaped_total = 0
+        self._stops: set[asyncio.Task[Any]] = set()
+
+    @property
+    def config(self) -> Any:
+        return self._engine.config
+
+    # -- running a cell ----------------------------------------------------------------------
+
+    async def execute(
+        self,
+        owner_id: int,
+        key: SessionKey,
+        request_for: Callable[[str], cells.CellRequest],
+        *,
+        reset: bool,
+        deadline: float,
+        abort: Any,
+    ) -> SessionRun:
+        if self._closed:
+            raise Fallback("registry_unavailable")
+        self._ensure_reaper()
+        entry = self._entry_for(owner_id, key)
+        reset_performed = False
+        if reset and len(entry.owners) > 1:
+            entry = self._fork(owner_id, entry)
+            reset_performed = True
+        queued_at = time.monotonic()
+        ticket = await self._acquire(entry, owner_id, deadline, abort)
+        try:
+            if reset and not reset_performed:
+                await self._reset(entry)
+                reset_performed = True
+            reused = entry.kernel is not None and await entry.kernel.is_alive()
+            lost_reason = None if reused else entry.lost_reason
+            if not reused:
+                await self._start(entry)
+            assert entry.kernel is not None
+            entry.phase = "running"
+            request = request_for(f"cell{entry.cells_run + 1}.py")
+            request.aborts = (*request.aborts, ticket.abort)
+            try:
+                result = await cells.run_cell(entry.kernel, request, self._engine.tool_host)
+            except asyncio.CancelledError:
+                self._discard(entry, "cancelled")  # caller death while active
+                raise
+            entry.cells_run += 1
+            entry.last_used = time.monotonic()
+            if result.kernel_reusable:
+                entry.phase = "idle"
+            else:
+                self._discard(entry, result.end)
+            details: dict[str, Any] = {
+                "persistent": True,
+                "kernel_reused": reused,
+                "reset_performed": reset_performed,
+                "state_retained": result.kernel_reusable,
+                "kernel_id": entry.kernel_id,
+                "queue_wait_ms": int((ticket_started(ticket) - queued_at) * 1000),
+            }
+            if lost_reason and not reset_performed:
+                details["kernel_lost_reason"] = lost_reason
+            return SessionRun(result, details)
+        finally:
+            self._release(entry, ticket)
+
+    def _entry_for(self, owner_id: int, key: SessionKey) -> SessionKernel:
+        entry = self._bindings.get(owner_id)
+        if entry is not None and entry.key == key:
+            return entry
+        if entry is not None:  # the owner's scope changed key: leave the old kernel
+            self._unbind(owner_id)
+        entry = self._shared.get(key)
+        if entry is None:
+            entry = SessionKernel(key, key.kernel_id(self._salt, 0), 0)
+            self._shared[key] = entry
+            self._entries.add(entry)
+        entry.owners.add(owner_id)
+        self._bindings[owner_id] = entry
+        return entry
+
+    def _fork(self, owner_id: int, shared: SessionKernel) -> SessionKernel:
+        """Move one co-owner onto a fresh kernel; the others keep the shared one."""
+        shared.owners.discard(owner_id)
+        fork_no = next(self._fork_counter)
+        entry = SessionKernel(shared.key, shared.key.kernel_id(self._salt, fork_no), fork_no)
+        entry.owners.add(owner_id)
+        self._entries.add(entry)
+        self._bindings[owner_id] = entry
+        return entry
+
+    async def _acquire(self, entry: SessionKernel, owner_id: int, deadline: float,
+                       abort: Any) -> _Ticket:
+        loop = asyncio.get_running_loop()
+        ticket = _Ticket(owner_id, loop.create_future())
+        if entry.active is None and not entry.queue:
+            entry.active = ticket
+            ticket.granted.set_result(None)
+            ticket.started = time.monotonic()  # type: ignore[attr-defined]
+            return ticket
+        if len(entry.queue) >= self.config.max_queued_cells_per_kernel:
+            self._engine.telemetry.emit("session.busy", {"queued": len(entry.queue)}, {})
+            raise SessionBusyError(
+                f"execute_code: this session's kernel is busy ({len(entry.queue)} calls already "
+                f"queued, max_queued_cells_per_kernel = "
+                f"{self.config.max_queued_cells_per_kernel}); wait for them and retry"
+            )
+        entry.queue.append(ticket)
+        abort_task = asyncio.ensure_future(abort.wait()) if isinstance(abort, asyncio.Event) \
+            else None
+        try:
+            while not ticket.granted.done():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise _QueueLeft("timeout")
+                waiters: set[asyncio.Future[Any]] = {ticket.granted}
+                if abort_task is not None:
+                    waiters.add(abort_task)
+                await asyncio.wait(waiters, timeout=min(0.1, remaining),
+                                   return_when=asyncio.FIRST_COMPLETED)
+                if ticket.granted.done():
+                    break
+                if abort is not None and abort.is_set():
+                    raise _QueueLeft("cancelled")
+            ticket.granted.result()  # raises _OwnerGone if the owner was closed meanwhile
+        except BaseException:
+            if ticket in entry.queue:
+                entry.queue.remove(ticket)
+            elif entry.active is ticket:  # granted in the same instant we gave up
+                self._release(entry, ticket)
+            raise
+        finally:
+            if abort_task is not None:
+                abort_task.cancel()
+        ticket.started = time.monotonic()  # type: ignore[attr-defined]
+        return ticket
+
+    def _release(self, entry: SessionKernel, ticket: _Ticket) -> None:
+        if entry.active is not ticket:
+            return
+        entry.active = None
+        while entry.queue:
+            nxt = entry.queue.popleft()
+            if not nxt.granted.done():
+                entry.active = nxt
+                nxt.granted.set_result(None)
+                return
+        if not entry.owners:
+            self._stop_entry(entry, "owners_gone")
+
+    async def _reset(self, entry: SessionKernel) -> None:
+        """Discard the entry's kernel and confirm it is gone (else ``stop_failed``)."""
+        kernel, entry.kernel = entry.kernel, None
+        entry.lost_reason = None
+        if kernel is None:
+            return
+        entry.phase = "stopping"
+        try:
+            await self._engine.stop(kernel, reason="reset", mode="session",
+                                    cells_run=entry.cells_run)
+        except Exception as exc:
+            raise Fallback("stop_failed") from exc
+        finally:
+            entry.phase = "empty"
+        if await kernel.is_alive():
+            raise Fallback("stop_failed")
+        entry.cells_run = 0
+
+    async def _start(self, entry: SessionKernel) -> None:
+        if entry.kernel is not None:  # present but dead (crash noticed late)
+            self._discard(entry, "crashed")
+        self._admit(entry)
+        entry.phase = "starting"
+        try:
+            entry.kernel = await self._engine.start_kernel(
+                entry.key.interpreter, entry.key.cwd, mode="session")
+        except LemonExecError as exc:
+            entry.phase = "empty"
+            raise Fallback("startup_failed") from exc
+        except BaseException:
+            entry.phase = "empty"
+            raise
+        entry.phase = "idle"
+        entry.cells_run = 0
+        entry.lost_reason = None
+
+    def _admit(self, entry: SessionKernel) -> None:
+        """Make room under max_live_kernels: evict the LRU idle kernel, or fall back."""
+        live = [e for e in self._entries if e.holds_kernel and e is not entry]
+        if len(live) < self.config.max_live_kernels:
+            return
+        idle = [e for e in live if e.phase == "idle" and e.active is None and not e.queue]
+        if not idle:
+            raise Fallback("capacity_exhausted")
+        victim = min(idle, key=lambda e: e.last_used)
+        self.evicted_total += 1
+        self._stop_entry(victim, "evicted", keep_entry=True)
+
+    # -- stopping ----------------------------------------------------------------------------
+
+    def _discard(self, entry: SessionKernel, why: str) -> None:
+        """Throw the entry's kernel away (state unsafe); the entry remembers why."""
+        self._stop_entry(entry, why if why in ("evicted", "reaped") else "discarded",
+                         keep_entry=True, lost=why)
+
+    def _stop_entry(self, entry: SessionKernel, reason: str, *, keep_entry: bool = False,
+                    lost: str | None = None) -> None:
+        kernel, entry.kernel = entry.kernel, None
+        entry.phase = "empty"
+        entry.lost_reason = lost or reason
+        if kernel is not None:
+            self._engine.discard(kernel, reason=reason, mode="session",
+                                 cells_run=entry.cells_run)
+        entry.cells_run = 0
+        if not keep_entry or not entry.owners:
+            self._drop_entry(entry)
+
+    def _drop_entry(self, entry: SessionKernel) -> None:
+        self._entries.discard(entry)
+        if self._shared.get(entry.key) is entry:
+            del self._shared[entry.key]
+
+    def _unbind(self, owner_id: int) -> SessionKernel | None:
+        entry = self._bindings.pop(owner_id, None)
+        if entry is None:
+            return None
+        entry.owners.discard(owner_id)
+        for ticket in list(entry.queue):
+            if ticket.owner_id == owner_id:
+                entry.queue.remove(ticket)
+                if not ticket.granted.done():
+                    ticket.granted.set_exception(_OwnerGone())
+        if entry.active is not None and entry.active.owner_id == owner_id:
+            entry.active.abort.set()  # its kernel is discarded when the cell ends
+        elif not entry.owners and entry.active is None:
+            self._stop_entry(entry, "owners_gone")
+        return entry
+
+    async def detach(self, owner_id: int) -> None:
+        self._unbind(owner_id)
+
+    def detach_soon(self, owner_id: int) -> None:
+        self._unbind(owner_id)
+
+    # -- reaping -------------------------------------------------------------------------------
+
+    def _ensure_reaper(self) -> None:
+        if self._reaper is None or self._reaper.done():
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def _reap_loop(self) -> None:
+        while not self._closed:
+            timeout_s = self.config.kernel_idle_timeout_ms / 1000
+            await asyncio.sleep(max(0.05, min(timeout_s / 4, 30.0)))
+            self.reap_idle()
+
+    def reap_idle(self, now: float | None = None) -> int:
+        """Stop kernels idle for longer than kernel_idle_timeout_ms; running work never."""
+        now = time.monotonic() if now is None else now
+        timeout_s = self.config.kernel_idle_timeout_ms / 1000
+        reaped = 0
+        for entry in list(self._entries):
+            if (entry.kernel is not None and entry.phase == "idle" and entry.active is None
+                    and not entry.queue and now - entry.last_used > timeout_s):
+                self.reaped_total += 1
+                reaped += 1
+                self._stop_entry(entry, "reaped", keep_entry=True)
+        return reaped
+
+    def snapshot(self) -> dict[str, Any]:
+        """Aggregate counts only: no keys, ids, paths or PIDs."""
+        phases: dict[str, int] = {p: 0 for p in ("starting", "idle", "running", "stopping")}
+        for entry in self._entries:
+            if entry.phase in phases:
+                phases[entry.phase] += 1
+        return {
+            "live": sum(1 for e in self._entries if e.holds_kernel),
+            "capacity": self.config.max_live_kernels,
+            "phases": phases,
+            "owners": len(self._bindings),
+            "forks": sum(1 for e in self._entries if e.fork and e.holds_kernel),
+            "queued": sum(len(e.queue) for e in self._entries),
+            "evicted_total": self.evicted_total,
+            "reaped_total": self.reaped_total,
+            "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
+            "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel,
+        }
+
+    def live_kernels(self) -> list[dict[str, Any]]:
+        """Per-kernel rows for `lemon-exec kernels` (opaque ids only; same-user files)."""
+        now = time.monotonic()
+        rows = []
+        for e in self._entries:
+            if e.kernel is None:
+                continue
+            rows.append({
+                "id": e.kernel_id, "mode": "session", "phase": e.phase,
+                "age_s": round(now - e.created, 1), "idle_s": round(now - e.last_used, 1),
+                "cells": e.cells_run, "connection_file": e.kernel.connection_file,
+            })
+        return rows
+
+    async def aclose(self) -> None:
+        self._closed = True
+        if self._reaper is not None:
+            self._reaper.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reaper
+        for entry in list(self._entries):
+            for ticket in list(entry.queue):
+                if not ticket.granted.done():
+                    ticket.granted.set_exception(_OwnerGone())
+            entry.queue.clear()
+            if entry.active is not None:
+                entry.active.abort.set()
+            else:
+                self._stop_entry(entry, "closed")
+
+
+class _QueueLeft(Exception):
+    """A queued call left the queue (its deadline passed or it was aborted)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def ticket_started(ticket: _Ticket) -> float:
+    return getattr(ticket, "started", time.monotonic())
+
+
+# -- the facade's entry point -------------------------------------------------------------------
+
+
+async def run_in_session(
+    engine: Engine,
+    script: str,
+    *,
+    owner: SessionOwner | None,
+    scope: SessionScope | None,
+    interpreter: str,
+    cwd: Path,
+    deadline: float,
+    timeout_ms: int,
+    reset: bool,
+    abort: Any,
+    on_update: Callable[[str], None] | None,
+    details: dict[str, Any],
+) -> ExecuteCodeResult:
+    """Run one call in session mode, falling back to per-call only before code starts."""
+    details = {**details, "mode": "session"}
+    reason: str | None = None
+    if scope is None or owner is None or not scope.complete:
+        reason = "missing_session_scope"
+    elif engine.sessions is None:
+        reason = "registry_unavailable"
+    if reason is None:
+        key = SessionKey.build(scope, cwd, interpreter, engine.config.enabled_helpers)
+
+        def request_for(filename: str) -> cells.CellRequest:
+            return engine.cell_request(
+                script, cwd=Path(key.cwd), deadline=deadline, chdir=False,
+                aborts=(abort,) if abort is not None else (), on_update=on_update,
+                filename=filename)
+
+        try:
+            run = await engine.sessions.execute(
+                owner.owner_id, key, request_for, reset=reset, deadline=deadline, abort=abort)
+        except Fallback as fb:
+            reason = fb.reason
+        except SessionBusyError as exc:
+            return refusal(str(exc), {**details, "persistent": True, "state_retained": True,
+                                      "busy": True})
+        except _QueueLeft as left:
+            return _left_queue(left.why, timeout_ms, details)
+        except _OwnerGone:
+            return refusal("execute_code: the session owner was closed while this call was "
+                           "queued; nothing ran", {**details, "persistent": True,
+                                                    "state_retained": True})
+        else:
+            return build_result(run.cell, timeout_ms=timeout_ms,
+                                details={**details, **run.details})
+    engine.telemetry.emit("session.fallback", {}, {"reason": reason})
+    return await engine.run_per_call(
+        script, interpreter=interpreter, cwd=cwd, deadline=deadline, timeout_ms=timeout_ms,
+        abort=abort, on_update=on_update,
+        details={**details, "persistent": False, "fallback_reason": reason,
+                 "kernel_reused": False},
+        notes=[FALLBACK_NOTE.format(reason=reason)],
+    )
+
+
+def _left_queue(why: str, timeout_ms: int, details: dict[str, Any]) -> ExecuteCodeResult:
+    """A queued call that left the queue: nothing ran, the kernel is undisturbed."""
+    if why == "timeout":
+        content = (f"Script timed out after {timeout_ms}ms.\n\nIt was still waiting in the "
+                   "session's queue; nothing ran. The session's state is unchanged.")
+        flag = "timed_out"
+    else:
+        content = ("Script cancelled.\n\nIt was still waiting in the session's queue; nothing "
+                   "ran. The session's state is unchanged.")
+        flag = "cancelled"
+    return ExecuteCodeResult(content, {**details, "persistent": True, "state_retained": True,
+                                       "exit_code": None, "truncated": False, flag: True,
+                                       "kernel_reused": False})

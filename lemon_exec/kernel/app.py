@@ -1,0 +1,33 @@
+"""The kernel application: IPKernelApp running LemonKernel, tuned for short-lived kernels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+from ipykernel.kernelapp import IPKernelApp
+from traitlets import Type
+
+from lemon_exec.kernel.kernel import LemonKernel
+
+
+class LemonKernelApp(IPKernelApp):
+    name = "lemon-python-kernel"
+    kernel_class = Type(LemonKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+
+    def initialize(self, argv: list[str] | None = None) -> None:
+        # No IPython history database: kernels are short-lived and must leave no files behind.
+        self.config.HistoryManager.enabled = False
+        super().initialize(argv)
+
+
+    def init_iopub(self, context: Any) -> None:
+        super().init_iopub(context)
+        # Block instead of silently dropping when a subscriber falls behind: dropped bridge
+        # frames would leave a helper waiting, and dropped output would break truncation.
+        # Together with ChunkedStream this slows a flooding script to the host's pace.
+        self.iopub_thread.socket.setsockopt(zmq.XPUB_NODROP, 1)
+
+
+def main() -> None:
+    LemonKernelApp.launch_instance()

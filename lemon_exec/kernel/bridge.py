@@ -1,0 +1,183 @@
+"""The kernel half of the per-cell bridge: frames out on IOPub, replies in on control.
+
+One :class:`CellBridge` exists per lemon script cell. Kernel → host frames are ``comm_msg``
+messages on IOPub whose parent is the cell's execute_request, so the host can tell them from
+anything else on the kernel (a person's own executions included). Host → kernel replies
+arrive on the control channel and are delivered here from the control thread, which keeps
+running while the main thread is busy in the script (docs/comm-protocol.md §3).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any
+
+from lemon_exec.kernel import protocol
+
+
+class ToolError(Exception):
+    """A helper call failed: denied by policy, an error in the tool, or a budget limit hit."""
+
+
+class _Pending:
+    """A frame that waits for the host's reply."""
+
+    __slots__ = ("event", "reply")
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.reply: dict[str, Any] | None = None
+
+
+class CellBridge:
+    """Sends one cell's frames and matches the host's replies to the waiting threads."""
+
+    def __init__(
+        self,
+        *,
+        session: Any,
+        iopub_socket: Any,
+        parent: dict[str, Any],
+        comm_id: str,
+        token: str,
+        generation: int,
+        max_text_bytes: int,
+    ) -> None:
+        self.comm_id = comm_id
+        self.generation = generation
+        self._session = session
+        self._iopub = iopub_socket
+        self._parent = parent
+        self._token = token
+        self._topic = f"comm-{comm_id}".encode()
+        self._max_text_bytes = max_text_bytes
+        self._lock = threading.Lock()
+        self._next_call_id = 0
+        self._text_n = 0
+        self._text_bytes = 0
+        self._notify_n = 0
+        self._pending: dict[tuple[str, int], _Pending] = {}
+        self._closed = False
+
+    # -- kernel → host ------------------------------------------------------------------
+
+    def call(self, tool: str, params: dict[str, Any]) -> str:
+        """Run one helper call on the host and return its text; raise ToolError on failure."""
+        with self._lock:
+            self._check_open()
+            self._next_call_id += 1
+            call_id = self._next_call_id
+        frame = {"type": protocol.CALL, "id": call_id, "token": self._token, "tool": tool,
+                 "params": params}
+        reply = self._request(("call", call_id), frame)
+        if reply.get("ok") is True and isinstance(reply.get("content"), str):
+            return reply["content"]
+        raise ToolError(str(reply.get("error") or f"{tool} failed"))
+
+    def text(self, value: object) -> None:
+        """Emit one text() block; acknowledged by the host before it returns (write-through)."""
+        text = protocol.normalize_text(value)
+        with self._lock:
+            self._check_open()
+            n = self._text_n + 1
+            frame = {"type": protocol.TEXT, "n": n, "token": self._token, "text": text}
+            _check_frame_size(frame)  # before charging, so both sides' budgets stay equal
+            cost = protocol.text_frame_bytes(n, text)
+            if self._text_bytes + cost > self._max_text_bytes:
+                raise ToolError(
+                    f"text() budget exceeded: this block needs {cost} bytes but only "
+                    f"{self._max_text_bytes - self._text_bytes} of max_text_bytes "
+                    f"({self._max_text_bytes}) remain; earlier blocks are kept"
+                )
+            self._text_n = n
+            self._text_bytes += cost
+        reply = self._request(("text", n), frame, size_checked=True)
+        if reply.get("ok") is not True:
+            raise ToolError(str(reply.get("error") or "text() was refused by the host"))
+
+    def notify(self, message: object) -> None:
+        """Send a progress message; fire-and-forget, capped per message and per run."""
+        msg = protocol.truncate_utf8(protocol.normalize_text(message), protocol.NOTIFY_MAX_BYTES)
+        with self._lock:
+            if self._closed or self._notify_n >= protocol.NOTIFY_MAX_COUNT:
+                return  # beyond the cap notify() is silently dropped, as specified
+            self._notify_n += 1
+            n = self._notify_n
+        self._send({"type": protocol.NOTIFY, "n": n, "token": self._token, "msg": msg})
+
+    def _request(
+        self, key: tuple[str, int], frame: dict[str, Any], *, size_checked: bool = False
+    ) -> dict[str, Any]:
+        pending = _Pending()
+        with self._lock:
+            self._pending[key] = pending
+        try:
+            self._send(frame, size_checked=size_checked)
+            # Wait in short slices: the cell may end (close() wakes us) and the main thread
+            # must stay interruptible by SIGINT while it waits.
+            while not pending.event.wait(0.5):
+                if self._closed:
+                    break
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
+        if pending.reply is None:
+            raise ToolError("the execute_code cell ended before the host replied")
+        return pending.reply
+
+    def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
+        if not size_checked:
+            _check_frame_size(frame)
+        # Flush first so prints made before this frame reach the host before it (order kept).
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        with self._lock:
+            self._check_open()
+            self._session.send(
+                self._iopub,
+                "comm_msg",
+                {"comm_id": self.comm_id, "data": frame},
+                parent=self._parent,
+                ident=self._topic,
+            )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ToolError("the execute_code cell that owned this helper has ended")
+
+    # -- host → kernel (called from the control thread) -----------------------------------
+
+    def deliver(self, reply: dict[str, Any]) -> bool:
+        """Hand a host reply to the thread waiting for it; False when nobody waits."""
+        if isinstance(reply.get("id"), int) and not isinstance(reply.get("id"), bool):
+            key = ("call", reply["id"])
+        elif isinstance(reply.get("n"), int) and not isinstance(reply.get("n"), bool):
+            key = ("text", reply["n"])
+        else:
+            return False
+        with self._lock:
+            pending = self._pending.get(key)
+        if pending is None or pending.event.is_set():
+            return False
+        pending.reply = reply
+        pending.event.set()
+        return True
+
+    def close(self) -> None:
+        """End the cell: refuse new frames and wake every waiter with a ToolError."""
+        with self._lock:
+            self._closed = True
+            waiting = list(self._pending.values())
+        for pending in waiting:
+            pending.event.set()
+
+
+def _check_frame_size(frame: dict[str, Any]) -> None:
+    size = protocol.frame_size(frame)
+    if size > protocol.FRAME_CAP_BYTES:
+        raise ToolError(
+            f"frame too large: {size} bytes exceeds the {protocol.FRAME_CAP_BYTES}-byte "
+            "protocol frame cap; split the data into smaller pieces"
+        )

@@ -1,0 +1,59 @@
+"""Which cell is open, and which cell each thread belongs to.
+
+A thread inherits the cell of the thread that created it, captured when it is constructed
+(an untagged creator such as the main thread gives the cell open at that moment). Helpers
+refuse to run in a thread tagged with an earlier cell, so a thread a finished cell left
+behind can never spend a later cell's budget. This is isolation hygiene, not a sandbox.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from lemon_exec.kernel.bridge import CellBridge
+
+_ATTR = "_lemon_cell_generation"
+
+
+class _CellState:
+    def __init__(self) -> None:
+        self.generation = 0
+        self.bridge: CellBridge | None = None
+
+
+STATE = _CellState()
+_original_thread_init = threading.Thread.__init__
+
+
+def _tagging_thread_init(self: threading.Thread, *args: Any, **kwargs: Any) -> None:
+    _original_thread_init(self, *args, **kwargs)
+    creator = getattr(threading.current_thread(), _ATTR, None)
+    setattr(self, _ATTR, creator if creator is not None else STATE.generation)
+
+
+def install_thread_tagging() -> None:
+    """Make every new thread remember the cell it was created in (idempotent)."""
+    threading.Thread.__init__ = _tagging_thread_init  # type: ignore[method-assign]
+
+
+def thread_generation() -> int:
+    """The cell the current thread belongs to (untagged threads belong to the open cell)."""
+    tag = getattr(threading.current_thread(), _ATTR, None)
+    return STATE.generation if tag is None else tag
+
+
+def open_cell(bridge: CellBridge) -> None:
+    STATE.bridge = bridge
+
+
+def close_cell() -> None:
+    bridge, STATE.bridge = STATE.bridge, None
+    if bridge is not None:
+        bridge.close()
+
+
+def next_generation() -> int:
+    STATE.generation += 1
+    return STATE.generation

@@ -1,0 +1,166 @@
+"""The functions pre-imported into every script: helpers, text(), notify(), batch().
+
+Each helper's keyword names are its tool's parameter names, so ``read(path=p)`` and
+``batch([("read", {"path": p})])`` make the same call. Without a lemon_exec host (the kernel
+started by a plain Jupyter front end) text() and notify() print, and helpers raise ToolError.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from lemon_exec.kernel import cells
+from lemon_exec.kernel.bridge import CellBridge, ToolError
+from lemon_exec.kernel.protocol import normalize_text
+
+#: The fixed allowlist, in order. Configuration can only narrow it.
+HELPER_NAMES = ("read", "grep", "find", "ls", "webfetch")
+
+#: batch() never uses more threads than this; the host dispatches max_parallel_rpc at once.
+BATCH_MAX_THREADS = 16
+
+_NO_HOST = (
+    "no lemon_exec host is attached to this kernel: helpers work only in scripts run through "
+    "execute_code (lemon_exec)"
+)
+
+
+def _bridge() -> CellBridge | None:
+    bridge = cells.STATE.bridge
+    if bridge is not None and cells.thread_generation() != bridge.generation:
+        raise ToolError(
+            "this thread was started by an earlier execute_code script; helpers are only "
+            "available to threads of the script that is running now"
+        )
+    return bridge
+
+
+def _call(tool: str, **params: Any) -> str:
+    bridge = _bridge()
+    if bridge is None:
+        raise ToolError(_NO_HOST)
+    # None means "the tool's default", so it is left out: read(path=p) == read(p, None, None).
+    return bridge.call(tool, {k: v for k, v in params.items() if v is not None})
+
+
+def read(path: str, offset: int | None = None, limit: int | None = None) -> str:
+    """Return the text of a file; ``offset`` is a 1-based start line, ``limit`` a line count."""
+    return _call("read", path=path, offset=offset, limit=limit)
+
+
+def grep(
+    pattern: str,
+    path: str = ".",
+    glob: str | None = None,
+    ignore_case: bool = False,
+    max_results: int | None = None,
+) -> str:
+    """Search files under ``path`` for a regex; lines come back as ``path:line:text``."""
+    return _call(
+        "grep",
+        pattern=pattern,
+        path=path,
+        glob=glob,
+        ignore_case=ignore_case or None,
+        max_results=max_results,
+    )
+
+
+def find(pattern: str, path: str = ".") -> str:
+    """Find files matching a recursive glob (``**/*.py``) under ``path``, one per line."""
+    return _call("find", pattern=pattern, path=path)
+
+
+def ls(path: str = ".") -> str:
+    """List a directory, one entry per line, directories ending in ``/``."""
+    return _call("ls", path=path)
+
+
+def webfetch(url: str, extract_mode: str = "markdown", max_chars: int | None = None) -> str:
+    """Fetch a URL and return its readable text (``extract_mode`` 'markdown' or 'text')."""
+    return _call("webfetch", url=url, extract_mode=extract_mode, max_chars=max_chars)
+
+
+HELPERS: dict[str, Callable[..., str]] = {
+    "read": read,
+    "grep": grep,
+    "find": find,
+    "ls": ls,
+    "webfetch": webfetch,
+}
+
+#: The helpers enabled for the current cell (set by install()).
+_enabled: dict[str, Callable[..., str]] = dict(HELPERS)
+
+
+def text(value: object) -> None:
+    """Add a block to the script's result. Only text() blocks reach the model as the result."""
+    bridge = _bridge()
+    if bridge is None:
+        print(normalize_text(value))
+        return
+    bridge.text(value)
+
+
+def notify(message: object) -> None:
+    """Stream a progress message to the caller while the script runs (max 64, 4 KiB each)."""
+    bridge = _bridge()
+    if bridge is None:
+        print(f"notify: {normalize_text(message)}", file=sys.stderr)
+        return
+    bridge.notify(message)
+
+
+def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Run helper calls in parallel; results in input order, first failure re-raised."""
+    jobs = list(calls)
+    if not jobs:
+        return []
+    funcs = [_batch_target(i, job) for i, job in enumerate(jobs)]
+    with ThreadPoolExecutor(max_workers=min(BATCH_MAX_THREADS, len(jobs))) as pool:
+        futures = [pool.submit(func) for func in funcs]
+        outcomes: list[tuple[bool, Any]] = []
+        for future in futures:  # wait every call out before raising
+            try:
+                outcomes.append((True, future.result()))
+            except BaseException as exc:  # re-raised below, in input order
+                outcomes.append((False, exc))
+    for ok, value in outcomes:
+        if not ok:
+            raise value
+    return [value for _, value in outcomes]
+
+
+def _batch_target(index: int, job: object) -> Callable[[], str]:
+    if not (isinstance(job, tuple | list) and len(job) == 2):
+        raise ToolError(f"batch() item {index} must be a (tool_name, params_dict) pair")
+    name, params = job
+    helper = _enabled.get(name) if isinstance(name, str) else None
+    if helper is None:
+        raise ToolError(f"batch() item {index}: unknown or disabled helper {name!r}")
+    if not isinstance(params, dict):
+        raise ToolError(f"batch() item {index}: params must be a dict, got {type(params).__name__}")
+
+    def run() -> str:
+        try:
+            return helper(**params)
+        except TypeError as exc:  # a wrong keyword is the model's mistake: say so as a ToolError
+            raise ToolError(f"batch() item {index}: {exc}") from None
+
+    return run
+
+
+def install(namespace: dict[str, Any], enabled: Iterable[str] | None = None) -> None:
+    """Put ToolError, text, notify, batch and the enabled helpers into ``namespace``."""
+    names = HELPER_NAMES if enabled is None else tuple(n for n in HELPER_NAMES if n in enabled)
+    _enabled.clear()
+    _enabled.update({n: HELPERS[n] for n in names})
+    namespace.update({"ToolError": ToolError, "text": text, "notify": notify, "batch": batch})
+    for name in HELPER_NAMES:
+        if name in _enabled:
+            namespace[name] = HELPERS[name]
+        elif namespace.get(name) is HELPERS[name]:
+            del namespace[name]  # disabled helpers are absent, but never delete user objects

@@ -1,0 +1,154 @@
+"""LemonKernel: an IPython kernel that also runs lemon scripts with a per-cell bridge.
+
+An execute_request whose metadata carries a ``lemon`` entry is a script run: it gets a fresh
+bridge (comm id, token, text budget), runs as one unit (see :mod:`script`), and its reply
+carries the outcome under ``lemon``. Every other request is ordinary IPython, so JupyterLab,
+jupyter console and nbclient work with this kernel as with ipykernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+from ipykernel.ipkernel import IPythonKernel
+
+from lemon_exec.kernel import cells, helpers, protocol, script
+from lemon_exec.kernel.bridge import CellBridge
+from lemon_exec.kernel.streams import ChunkedStream
+
+
+class LemonKernel(IPythonKernel):
+    implementation = "lemon-python"
+    implementation_version = str(protocol.PROTOCOL_VERSION)
+    banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        cells.install_thread_tagging()
+        # Scripts never read stdin; ordinary cells keep ipykernel's input() forwarding.
+        sys.stdin = script.NoStdin()  # type: ignore[assignment]
+        if self.shell is not None:
+            helpers.install(self.shell.user_ns)
+
+    @property
+    def kernel_info(self) -> dict[str, Any]:
+        info = dict(super().kernel_info)
+        info["lemon_protocol"] = protocol.PROTOCOL_VERSION
+        return info
+
+    # -- host replies on the control channel ----------------------------------------------
+
+    async def dispatch_control(self, msg: list[Any]) -> None:
+        # Bridge replies skip the control lock and the busy/idle status messages that
+        # every other control request publishes: they are frequent and need no reply.
+        if _peek_msg_type(self.session, msg) == protocol.REPLY_MSG_TYPE:
+            self._handle_bridge_reply(msg)
+            return
+        await super().dispatch_control(msg)
+
+    def _handle_bridge_reply(self, raw: list[Any]) -> None:
+        try:
+            _idents, parts = self.session.feed_identities(raw, copy=False)
+            msg = self.session.deserialize(parts, content=True, copy=False)
+        except Exception:  # bad signature or malformed: dropped, like ipykernel does
+            self.log.error("invalid lemon bridge reply", exc_info=True)
+            return
+        content = msg.get("content")
+        bridge = cells.STATE.bridge
+        if not isinstance(content, dict) or bridge is None:
+            return
+        if content.get("comm_id") != bridge.comm_id:
+            return  # a reply for a cell that has ended
+        bridge.deliver(content)
+
+    # -- execution --------------------------------------------------------------------------
+
+    async def do_execute(  # type: ignore[override]
+        self,
+        code: str,
+        silent: bool,
+        store_history: bool = True,
+        user_expressions: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        *,
+        cell_meta: dict[str, Any] | None = None,
+        cell_id: str | None = None,
+    ) -> dict[str, Any]:
+        lemon = (cell_meta or {}).get(protocol.CELL_METADATA_KEY)
+        if not isinstance(lemon, dict):
+            return await super().do_execute(
+                code,
+                silent,
+                store_history,
+                user_expressions,
+                allow_stdin,
+                cell_meta=cell_meta,
+                cell_id=cell_id,
+            )
+        return await self._run_lemon_cell(code, lemon)
+
+    async def _run_lemon_cell(self, code: str, meta: dict[str, Any]) -> dict[str, Any]:
+        if meta.get("v") != protocol.PROTOCOL_VERSION:
+            return self._error_reply(
+                "ProtocolError",
+                f"lemon protocol version {meta.get('v')!r} is not supported by this kernel "
+                f"(it speaks version {protocol.PROTOCOL_VERSION})",
+            )
+        if meta.get("cwd"):
+            os.chdir(meta["cwd"])
+        if meta.get("env"):
+            os.environ.update({str(k): str(v) for k, v in meta["env"].items()})
+        assert self.shell is not None
+        namespace = self.shell.user_ns
+        helpers.install(namespace, meta.get("helpers"))
+        bridge = CellBridge(
+            session=self.session,
+            iopub_socket=self.iopub_socket,
+            parent=self.get_parent("shell"),
+            comm_id=str(meta["comm_id"]),
+            token=str(meta["token"]),
+            generation=cells.next_generation(),
+            max_text_bytes=int(meta.get("max_text_bytes", 65536)),
+        )
+        saved_streams = sys.stdout, sys.stderr
+        merged = ChunkedStream(sys.stdout)
+        sys.stdout = sys.stderr = merged  # type: ignore[assignment]
+        cells.open_cell(bridge)
+        try:
+            outcome = await script.run_script(code, str(meta.get("filename", "script.py")), namespace)
+        finally:
+            cells.close_cell()
+            merged.flush()
+            sys.stdout, sys.stderr = saved_streams
+        reply: dict[str, Any] = {
+            "status": "ok" if outcome.kind == "ok" else "error",
+            "execution_count": self.execution_count,
+            "user_expressions": {},
+            "lemon": outcome.to_dict(),
+        }
+        if outcome.kind != "ok":
+            reply.update(ename=outcome.ename or "SystemExit", evalue=outcome.evalue, traceback=[])
+        return reply
+
+    def _error_reply(self, ename: str, evalue: str) -> dict[str, Any]:
+        return {
+            "status": "error",
+            "execution_count": self.execution_count,
+            "ename": ename,
+            "evalue": evalue,
+            "traceback": [],
+            "lemon": script.Outcome("protocol_error", 1, ename, evalue).to_dict(),
+        }
+
+
+def _peek_msg_type(session: Any, raw: list[Any]) -> str | None:
+    """Read a message's type from its header frame without verifying or consuming it."""
+    try:
+        frames = [f.bytes if hasattr(f, "bytes") else f for f in raw]
+        start = frames.index(b"<IDS|MSG>") + 2  # delimiter, signature, then the header
+        return json.loads(frames[start]).get("msg_type")
+    except (ValueError, IndexError, AttributeError, TypeError):
+        return None

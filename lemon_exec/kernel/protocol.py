@@ -1,0 +1,71 @@
+"""Constants and frame helpers of the lemon comm protocol, shared by host and kernel.
+
+The protocol is specified in ``docs/comm-protocol.md``; this module is its single source of
+numbers and names. Standard library only: the kernel side imports it too.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+#: Bumped on any incompatible change to frames, metadata or message types.
+PROTOCOL_VERSION = 1
+
+#: Comm target of the per-cell bridge (kernel → host frames are ``comm_msg`` on IOPub).
+COMM_TARGET = "lemon.rpc"
+
+#: Host → kernel replies travel on the control channel as this message type, because a
+#: shell-channel message would queue behind the running cell (docs/comm-protocol.md §3).
+REPLY_MSG_TYPE = "lemon_reply_request"
+
+#: Key of the execute_request ``metadata`` entry that turns a cell into a lemon script run.
+CELL_METADATA_KEY = "lemon"
+
+#: Largest serialised frame either side accepts (fixed by the spec).
+FRAME_CAP_BYTES = 256 * 1024
+
+#: Per-message cap and per-run count cap of notify() frames (fixed by the spec).
+NOTIFY_MAX_BYTES = 4 * 1024
+NOTIFY_MAX_COUNT = 64
+
+#: Token length: 32 random bytes, url-safe base64 without padding → 43 characters.
+TOKEN_BYTES = 32
+TOKEN_LENGTH = 43
+
+# Frame types, kernel → host.
+CALL = "call"
+TEXT = "text"
+NOTIFY = "notify"
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def normalize_text(value: object) -> str:
+    """Coerce ``value`` to ``str`` and replace each lone surrogate with U+FFFD.
+
+    Both sides charge text() budgets on the normalised string, so every frame is valid JSON
+    and the byte count is identical on both sides.
+    """
+    text = value if isinstance(value, str) else str(value)
+    # In a Python str every code point in D800-DFFF is a lone surrogate (pairs are decoded).
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def text_frame_bytes(n: int, text: str) -> int:
+    """Bytes charged against max_text_bytes for text block ``n``: its JSON-encoded frame."""
+    return len(json.dumps({"n": n, "text": text}).encode("utf-8"))
+
+
+def truncate_utf8(text: str, max_bytes: int) -> str:
+    """Cut ``text`` to at most ``max_bytes`` UTF-8 bytes without splitting a character."""
+    data = text.encode("utf-8")
+    if len(data) <= max_bytes:
+        return text
+    return data[:max_bytes].decode("utf-8", "ignore")
+
+
+def frame_size(frame: dict[str, Any]) -> int:
+    """Serialised size of a frame, as compared against FRAME_CAP_BYTES."""
+    return len(json.dumps(frame).encode("utf-8"))

@@ -1,0 +1,187 @@
+"""Run a script as one unit and turn its ending into an outcome the host can report.
+
+Unlike an IPython cell, a script is compiled as a file (no implicit display of the last
+expression, no input transformations), its tracebacks keep only the script's own frames with
+exact line numbers, and it cannot read stdin.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import builtins
+import contextlib
+import getpass
+import inspect
+import linecache
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from typing import Any
+
+#: The script files this kernel has run; traceback frames from these are the script's own.
+_SCRIPT_FILES: set[str] = set()
+
+_NO_INPUT = (
+    "{what} is not supported: execute_code scripts have no stdin. Read the data from a file "
+    "(open() or the read() helper) or call a helper instead"
+)
+
+
+class UnsupportedInputError(RuntimeError):
+    """Raised when a script asks for interactive input; scripts have no stdin."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a script ended: ``ok``, ``exit`` (SystemExit != 0), ``exception`` or ``interrupted``."""
+
+    kind: str
+    exit_code: int = 0
+    ename: str = ""
+    evalue: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _refuse_input(*_args: Any, **_kwargs: Any) -> str:
+    raise UnsupportedInputError(_NO_INPUT.format(what="input()"))
+
+
+def _refuse_getpass(*_args: Any, **_kwargs: Any) -> str:
+    raise UnsupportedInputError(_NO_INPUT.format(what="getpass()"))
+
+
+class NoStdin:
+    """A ``sys.stdin`` whose every read raises UnsupportedInputError instead of blocking."""
+
+    encoding = "utf-8"
+    errors = "strict"
+    closed = False
+
+    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
+        raise UnsupportedInputError(_NO_INPUT.format(what="reading sys.stdin"))
+
+    read = readline = readlines = __iter__ = __next__ = _refuse
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise OSError("stdin is not available in execute_code scripts")
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class _InputGuard:
+    """Swap in the input refusals for the duration of one script."""
+
+    def __enter__(self) -> None:
+        self._saved = (builtins.input, getpass.getpass, sys.stdin)
+        builtins.input = _refuse_input
+        getpass.getpass = _refuse_getpass
+        sys.stdin = NoStdin()  # type: ignore[assignment]
+
+    def __exit__(self, *exc: object) -> None:
+        builtins.input, getpass.getpass, sys.stdin = self._saved
+
+
+def register_source(filename: str, code: str) -> None:
+    """Make the script's source visible to tracebacks and inspect without a file on disk."""
+    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    _SCRIPT_FILES.add(filename)
+
+
+async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> Outcome:
+    """Compile and run ``code`` in ``namespace``; print a filtered traceback on failure."""
+    register_source(filename, code)
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    try:
+        compiled = compile(code, filename, "exec", flags=flags, dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: source with NUL bytes
+        return _report_exception(exc)
+    with _InputGuard():
+        try:
+            if compiled.co_flags & inspect.CO_COROUTINE:
+                await eval(compiled, namespace)
+            else:
+                _run_sync(compiled, namespace)
+        except SystemExit as exc:
+            return _exit_outcome(exc)
+        except KeyboardInterrupt:
+            # The host interrupts a script only to stop it (timeout, abort); the contract is
+            # state loss, so a KeyboardInterrupt traceback would be noise in the output.
+            return Outcome("interrupted", exit_code=1, ename="KeyboardInterrupt")
+        except BaseException as exc:  # the script's failure is an outcome, not our crash
+            return _report_exception(exc)
+        finally:
+            _flush()
+    return Outcome("ok")
+
+
+def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
+    # The kernel's event loop is running on this thread, which would make asyncio.run()
+    # in the script fail ("cannot be called from a running event loop"). The loop is
+    # blocked anyway while the script runs, so hide it for the duration.
+    running = asyncio._get_running_loop()
+    asyncio._set_running_loop(None)
+    try:
+        exec(compiled, namespace)
+    finally:
+        asyncio._set_running_loop(running)
+        if running is not None:
+            asyncio.set_event_loop(running)
+
+
+def _exit_outcome(exc: SystemExit) -> Outcome:
+    code = exc.code
+    if code is None or code == 0:
+        return Outcome("ok")
+    if isinstance(code, int) and not isinstance(code, bool):
+        return Outcome("exit", exit_code=code)
+    # sys.exit("message") prints the message and exits 1, as python3 does.
+    print(code, file=sys.stderr)
+    return Outcome("exit", exit_code=1)
+
+
+def _report_exception(exc: BaseException) -> Outcome:
+    te = traceback.TracebackException.from_exception(exc)
+    _filter_frames(te, set())
+    sys.stderr.write("".join(te.format()))
+    return Outcome(
+        "exception", exit_code=1, ename=type(exc).__name__, evalue=_safe_str(exc)
+    )
+
+
+def _filter_frames(te: traceback.TracebackException, seen: set[int]) -> None:
+    """Keep only the script's own frames, here and in chained exceptions."""
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    te.stack = traceback.StackSummary.from_list(
+        [frame for frame in te.stack if frame.filename in _SCRIPT_FILES]
+    )
+    for chained in (te.__cause__, te.__context__):
+        if chained is not None:
+            _filter_frames(chained, seen)
+    for group_member in getattr(te, "exceptions", None) or ():
+        _filter_frames(group_member, seen)
+
+
+def _safe_str(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # a broken __str__ must not break the report
+        return f"<unprintable {type(exc).__name__}>"
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()

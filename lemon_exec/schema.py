@@ -1,0 +1,81 @@
+"""The execute_code tool's JSON input schema and its model-facing description."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lemon_exec.config import ExecuteCodeConfig
+
+_SIGNATURES = {
+    "read": "read(path, offset=None, limit=None) -> str",
+    "grep": "grep(pattern, path='.', glob=None, ignore_case=False, max_results=None) -> str",
+    "find": "find(pattern, path='.') -> str",
+    "ls": "ls(path='.') -> str",
+    "webfetch": "webfetch(url, extract_mode='markdown', max_chars=None) -> str",
+}
+
+
+def describe(config: ExecuteCodeConfig) -> str:
+    """A description generated from ``config``; byte-identical for identical configs."""
+    helpers = config.enabled_helpers
+    persistent = config.mode == "session"
+    lines = [
+        "Run a Python 3 script and return its result. Use it to call tools in bulk and "
+        "return only a summary: intermediate tool results never enter the transcript.",
+        "",
+        "Pre-imported in the script:",
+        *(f"- {_SIGNATURES[name]}" for name in helpers),
+        "- text(s): add s to the result. Only text() blocks are the result; printed "
+        "output is returned separately as diagnostics.",
+        "- notify(msg): stream a short progress message while the script runs.",
+        "- batch([(tool, params_dict), ...]) -> list[str]: run helper calls in parallel, "
+        "results in input order; the first failure is re-raised.",
+        "- ToolError: raised by a helper on denial, failure or a budget limit (catchable).",
+        "",
+        "Limits per run: "
+        f"{config.timeout_ms} ms wall time (timeout_ms may lower it), "
+        f"{config.max_rpc_calls} helper calls, "
+        f"{config.max_rpc_result_bytes} bytes of helper results, "
+        f"{config.max_text_bytes} bytes of text() blocks, "
+        f"{config.max_output_bytes} bytes of printed output (the rest is saved to a file), "
+        f"{config.max_parallel_rpc} helper calls at once.",
+        "No stdin: input() raises an error. This is not a sandbox: the script runs with the "
+        "user's permissions.",
+    ]
+    if persistent:
+        lines.append(
+            "State persists between calls in this session (imports, variables). "
+            "reset=true starts from a fresh interpreter. A timeout or crash loses the state."
+        )
+    else:
+        lines.append("Every call runs in a fresh interpreter; nothing persists between calls.")
+    return "\n".join(lines)
+
+
+def input_schema(config: ExecuteCodeConfig) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "script": {"type": "string", "description": "The Python 3 source to run."},
+            "timeout_ms": {
+                "type": "integer",
+                "minimum": 1000,
+                "maximum": config.timeout_ms,
+                "description": f"Wall-time limit in ms (1000..{config.timeout_ms}).",
+            },
+            "reset": {
+                "type": "boolean",
+                "description": "Discard retained session state before running.",
+            },
+        },
+        "required": ["script"],
+        "additionalProperties": False,
+    }
+
+
+def tool_schema(config: ExecuteCodeConfig) -> dict[str, Any]:
+    return {
+        "name": "execute_code",
+        "description": describe(config),
+        "input_schema": input_schema(config),
+    }

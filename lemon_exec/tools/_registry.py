@@ -1,0 +1,116 @@
+"""The tool registry: which helpers exist, and how to call each one."""
+
+from __future__ import annotations
+
+import keyword
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ._types import ToolFunc, ToolSpec
+
+__all__ = ["ToolRegistry", "default_registry"]
+
+
+class ToolRegistry:
+    """A name -> :class:`ToolSpec` table, in registration order.
+
+    A runtime builds one (usually starting from :func:`default_registry`), adds its own tools,
+    and hands it to a :class:`~lemon_exec.tools.ToolHost`.
+    """
+
+    def __init__(self) -> None:
+        self._specs: dict[str, ToolSpec] = {}
+
+    def register(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
+        """Add ``spec``; raise ``ValueError`` if it is malformed or the name is taken.
+
+        Pass ``replace=True`` to override an existing tool (e.g. a runtime's own ``read``).
+        """
+        _check_spec(spec)
+        if spec.name in self._specs and not replace:
+            raise ValueError(f"tool {spec.name!r} is already registered (pass replace=True)")
+        self._specs[spec.name] = spec
+        return spec
+
+    def register_function(
+        self,
+        name: str,
+        func: ToolFunc,
+        *,
+        parameters: tuple[str, ...] | list[str],
+        required: tuple[str, ...] | list[str] = (),
+        description: str = "",
+        param_types: Mapping[str, type | tuple[type, ...]] | None = None,
+        defaults: Mapping[str, Any] | None = None,
+        replace: bool = False,
+    ) -> ToolSpec:
+        """Build a :class:`ToolSpec` from the arguments and :meth:`register` it."""
+        spec = ToolSpec(
+            name=name,
+            func=func,
+            description=description,
+            parameters=tuple(parameters),
+            required=tuple(required),
+            param_types=dict(param_types or {}),
+            defaults=dict(defaults or {}),
+        )
+        return self.register(spec, replace=replace)
+
+    def get(self, name: str) -> ToolSpec | None:
+        """The spec registered under ``name``, or ``None``."""
+        return self._specs.get(name)
+
+    def names(self) -> list[str]:
+        """Registered tool names, in registration order."""
+        return list(self._specs)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(list(self._specs.values()))
+
+
+def _check_spec(spec: ToolSpec) -> None:
+    """Reject specs a Python helper could not be generated from."""
+    if not _is_identifier(spec.name):
+        raise ValueError(f"tool name must be a Python identifier, got {spec.name!r}")
+    if not callable(spec.func):
+        raise ValueError(f"tool {spec.name!r}: func is not callable")
+    params = tuple(spec.parameters)
+    for p in params:
+        if not _is_identifier(p):
+            raise ValueError(f"tool {spec.name!r}: parameter {p!r} is not a Python identifier")
+    if len(set(params)) != len(params):
+        raise ValueError(f"tool {spec.name!r}: duplicate parameter names")
+    required = tuple(spec.required)
+    if params[: len(required)] != required:
+        raise ValueError(
+            f"tool {spec.name!r}: required {required!r} must be the first parameters "
+            f"of {params!r}, in order"
+        )
+    for key in (*spec.param_types, *spec.defaults):
+        if key not in params:
+            raise ValueError(f"tool {spec.name!r}: {key!r} is not one of its parameters")
+    for key in spec.defaults:
+        if key in required:
+            raise ValueError(f"tool {spec.name!r}: required parameter {key!r} has a default")
+
+
+def _is_identifier(name: object) -> bool:
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def default_registry() -> ToolRegistry:
+    """A new registry holding the five default tools: read, grep, find, ls, webfetch."""
+    # Imported here so that importing the registry alone stays cheap (webfetch pulls urllib
+    # and html2text).
+    from . import _find, _grep, _ls, _read, _webfetch
+
+    registry = ToolRegistry()
+    for module in (_read, _grep, _find, _ls, _webfetch):
+        registry.register(module.spec())
+    return registry

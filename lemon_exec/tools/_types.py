@@ -1,0 +1,66 @@
+"""The two value types every tool module shares: a call, and a tool's spec."""
+
+from __future__ import annotations
+
+import pathlib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ToolCall", "ToolFunc", "ToolSpec"]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One helper call from a script, as it arrives at the host.
+
+    Attributes:
+        tool: the helper's name (``"read"``, ``"grep"``, ...).
+        params: the keyword arguments the helper sent, not yet validated.
+        cwd: the run's working directory; tools resolve relative paths against it.
+        call_id: the id the comm protocol gave this call (used in logs and by hooks).
+    """
+
+    tool: str
+    params: dict[str, Any]
+    cwd: pathlib.Path
+    call_id: int
+
+    def __post_init__(self) -> None:
+        # Accept a str cwd from callers; tools rely on it being a Path.
+        if not isinstance(self.cwd, pathlib.Path):
+            object.__setattr__(self, "cwd", pathlib.Path(self.cwd))
+
+
+#: A tool implementation: ``async def f(params, call) -> str`` or a sync equivalent, which the
+#: host runs in a worker thread so it cannot block the event loop.
+ToolFunc = Callable[[dict[str, Any], ToolCall], str | Awaitable[str]]
+
+
+@dataclass
+class ToolSpec:
+    """Everything the host and the schema generator need to know about one tool.
+
+    Attributes:
+        name: the helper's name; must be a Python identifier (it becomes a function name).
+        func: the implementation (see :data:`ToolFunc`).
+        description: one paragraph for the model, shown in the generated schema / helper docs.
+        parameters: accepted keyword names, in the helper's positional order.
+        required: the names that must be given; they must be the first ``len(required)``
+            entries of ``parameters`` (a Python signature cannot put a required argument after
+            an optional one).
+        param_types: optional ``name -> type or tuple of types``; the host rejects values of
+            other types before the tool runs (``bool`` is never accepted where ``int`` is
+            expected). ``None`` is always accepted for optional parameters and means "default".
+        defaults: optional ``name -> default`` for the generated helper signature; purely
+            descriptive, the host does not fill them in (tools treat a missing or ``None``
+            value as "use the default").
+    """
+
+    name: str
+    func: ToolFunc
+    description: str = ""
+    parameters: tuple[str, ...] = ()
+    required: tuple[str, ...] = ()
+    param_types: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)

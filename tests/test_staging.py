@@ -1,0 +1,483 @@
+"""Tests for lemon_exec.host.staging: private directories, bounded removal, sweeping, reaping."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from lemon_exec.errors import RefusedError
+from lemon_exec.host import staging
+from lemon_exec.host.staging import (
+    StagingRoot,
+    remove_tree,
+    sweep_stale_roots,
+    write_private_file,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SPILL = "lemon-exec-output-"
+DAY = 86_400
+
+
+def mode_of(path: Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
+
+
+@pytest.fixture
+def root(tmp_path: Path):
+    with StagingRoot.create(tmp_path) as created:
+        yield created
+
+
+@pytest.fixture(scope="module")
+def dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def fake_root(base: Path, name: str, marker: object, *, marker_mode: int = 0o600) -> Path:
+    """A sibling root as another process would have left it."""
+    path = base / name
+    path.mkdir(mode=0o700)
+    (path / "spill").mkdir(mode=0o700)
+    (path / "work" / "run-1").mkdir(mode=0o700, parents=True)
+    (path / "work" / "run-1" / "data.txt").write_text("x")
+    if marker is not None:
+        text = marker if isinstance(marker, str) else json.dumps(marker)
+        fd = os.open(path / "owner", os.O_WRONLY | os.O_CREAT | os.O_EXCL, marker_mode)
+        os.write(fd, text.encode())
+        os.close(fd)
+    return path
+
+
+def spill_file(directory: Path, name: str, age_s: float, now: float) -> Path:
+    path = directory / name
+    path.write_text("spilled")
+    os.utime(path, (now - age_s, now - age_s))
+    return path
+
+
+# --- creation and modes -------------------------------------------------------------------------
+
+
+def test_root_layout_and_modes(root: StagingRoot, tmp_path: Path) -> None:
+    assert root.path.parent == tmp_path
+    assert root.path.name.startswith("lemon-exec-")
+    assert mode_of(root.path) == 0o700
+    for sub, name in (
+        (root.runtime_dir, "runtime"),
+        (root.spill_dir, "spill"),
+        (root.work_dir, "work"),
+    ):
+        assert sub == root.path / name
+        assert stat.S_ISDIR(os.lstat(sub).st_mode)
+        assert mode_of(sub) == 0o700
+        assert os.lstat(sub).st_uid == os.getuid()
+
+
+def test_owner_marker(root: StagingRoot) -> None:
+    marker = root.path / "owner"
+    assert stat.S_ISREG(os.lstat(marker).st_mode)
+    assert mode_of(marker) == 0o600
+    data = json.loads(marker.read_text())
+    assert data["pid"] == os.getpid()
+    assert data["version"] == 1
+    assert abs(data["created"] - time.time()) < 60
+
+
+def test_modes_hold_under_a_permissive_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        with StagingRoot.create(tmp_path) as created:
+            workspace = created.new_workspace()
+            private = write_private_file(workspace, "f", "x")
+            assert {mode_of(created.path), mode_of(created.spill_dir), mode_of(workspace)} == {
+                0o700
+            }
+            assert mode_of(private) == 0o600
+    finally:
+        os.umask(old)
+
+
+def test_default_base_is_the_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    with StagingRoot.create() as created:
+        assert created.path.parent == tmp_path
+
+
+def test_new_workspace(root: StagingRoot) -> None:
+    first, second = root.new_workspace(), root.new_workspace()
+    assert first != second
+    for workspace in (first, second):
+        assert workspace.parent == root.work_dir
+        assert mode_of(workspace) == 0o700
+        assert list(workspace.iterdir()) == []
+
+
+def test_close_removes_everything_and_is_idempotent(tmp_path: Path) -> None:
+    created = StagingRoot.create(tmp_path)
+    write_private_file(created.new_workspace(), "a.txt", b"data")
+    created.close()
+    assert not created.path.exists()
+    created.close()
+    with StagingRoot.create(tmp_path) as other:
+        path = other.path
+    assert not path.exists()
+
+
+# --- fail closed ----------------------------------------------------------------------------------
+
+
+def test_base_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    base = tmp_path / "not-a-dir"
+    base.write_text("")
+    with pytest.raises(RefusedError) as info:
+        StagingRoot.create(base)
+    assert str(info.value).startswith("execute_code: could not create a private workspace: ")
+
+
+def test_missing_base_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(RefusedError, match="could not create a private workspace"):
+        StagingRoot.create(tmp_path / "missing")
+
+
+def test_wrong_mode_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_mkdtemp = tempfile.mkdtemp
+
+    def loose_mkdtemp(*args: object, **kwargs: object) -> str:
+        path = real_mkdtemp(*args, **kwargs)  # type: ignore[call-overload]
+        os.chmod(path, 0o755)
+        return path
+
+    monkeypatch.setattr(tempfile, "mkdtemp", loose_mkdtemp)
+    with pytest.raises(RefusedError, match="mode 0755, not 0700"):
+        StagingRoot.create(tmp_path)
+
+
+def test_wrong_owner_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 4242)
+    with pytest.raises(RefusedError, match="owned by uid"):
+        StagingRoot.create(tmp_path)
+
+
+def test_symlinked_subdir_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    real_mkdir = os.mkdir
+
+    def planting_mkdir(path: object, mode: int = 0o777, **kwargs: object) -> None:
+        if str(path).endswith("spill"):
+            os.symlink(outside, path)  # type: ignore[arg-type]
+            return
+        real_mkdir(path, mode, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "mkdir", planting_mkdir)
+    with pytest.raises(RefusedError, match="symlink"):
+        StagingRoot.create(tmp_path)
+    assert outside.is_dir()  # cleanup removed the link, not its target
+    assert [p.name for p in tmp_path.iterdir()] == ["outside"]
+
+
+# --- private files --------------------------------------------------------------------------------
+
+
+def test_write_private_file(root: StagingRoot) -> None:
+    path = write_private_file(root.runtime_dir, "kernel.json", '{"key": "é"}')
+    assert path == root.runtime_dir / "kernel.json"
+    assert mode_of(path) == 0o600
+    assert json.loads(path.read_text(encoding="utf-8")) == {"key": "é"}
+    raw = root.write_private_file(root.runtime_dir, "raw.bin", b"\x00\x01")
+    assert raw.read_bytes() == b"\x00\x01"
+
+
+def test_write_private_file_refuses_an_existing_name(root: StagingRoot) -> None:
+    path = write_private_file(root.runtime_dir, "once", b"first")
+    with pytest.raises(FileExistsError):
+        write_private_file(root.runtime_dir, "once", b"second")
+    assert path.read_bytes() == b"first"
+
+
+def test_write_private_file_refuses_a_symlink(root: StagingRoot, tmp_path: Path) -> None:
+    target = tmp_path / "target.txt"
+    target.write_text("untouched")
+    (root.runtime_dir / "link").symlink_to(target)
+    with pytest.raises(FileExistsError):
+        write_private_file(root.runtime_dir, "link", b"evil")
+    assert target.read_text() == "untouched"
+    dangling = root.runtime_dir / "dangling"
+    dangling.symlink_to(tmp_path / "would-be-created")
+    with pytest.raises(FileExistsError):
+        write_private_file(root.runtime_dir, "dangling", b"evil")
+    assert not (tmp_path / "would-be-created").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "../escape"])
+def test_write_private_file_wants_a_plain_name(root: StagingRoot, name: str) -> None:
+    with pytest.raises(ValueError):
+        write_private_file(root.runtime_dir, name, b"")
+
+
+# --- bounded removal ------------------------------------------------------------------------------
+
+
+def test_remove_tree_removes_nested_content(tmp_path: Path) -> None:
+    top = tmp_path / "top"
+    (top / "a" / "b" / "c").mkdir(parents=True)
+    (top / "a" / "b" / "c" / "f").write_text("x")
+    (top / "a" / "g").write_text("y")
+    (top / "fifo").symlink_to("nowhere")
+    assert remove_tree(top) is True
+    assert not top.exists()
+    assert remove_tree(top) is True  # already gone
+
+
+def test_remove_tree_stops_at_the_bound(tmp_path: Path) -> None:
+    top = tmp_path / "big"
+    top.mkdir()
+    for i in range(10_050):
+        (top / f"f{i:05d}").touch()
+    assert remove_tree(top, max_entries=10_000) is False
+    left = list(top.iterdir())
+    assert len(left) == 50
+    assert mode_of(top) == 0o700  # the remainder stays owner-only
+    assert remove_tree(top, max_entries=10_000) is True
+    assert not top.exists()
+
+
+def test_remove_tree_bound_counts_nested_entries(tmp_path: Path) -> None:
+    top = tmp_path / "nested"
+    for d in range(10):
+        (top / f"d{d}").mkdir(parents=True)
+        for i in range(20):
+            (top / f"d{d}" / f"f{i}").touch()
+    assert remove_tree(top, max_entries=100) is False
+    assert top.exists()
+    assert remove_tree(top, max_entries=10_000) is True
+
+
+def test_remove_tree_does_not_follow_symlinks(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "deep").mkdir(parents=True)
+    (outside / "precious.txt").write_text("keep me")
+    (outside / "deep" / "also.txt").write_text("keep me too")
+    top = tmp_path / "ws"
+    (top / "sub").mkdir(parents=True)
+    (top / "sub" / "to-dir").symlink_to(outside)
+    (top / "to-file").symlink_to(outside / "precious.txt")
+    assert remove_tree(top) is True
+    assert not top.exists()
+    assert (outside / "precious.txt").read_text() == "keep me"
+    assert (outside / "deep" / "also.txt").read_text() == "keep me too"
+
+
+def test_remove_tree_on_a_symlink_removes_only_the_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("x")
+    link = tmp_path / "link"
+    link.symlink_to(outside)
+    assert remove_tree(link) is True
+    assert not link.is_symlink()
+    assert (outside / "f").exists()
+
+
+def test_remove_workspace(root: StagingRoot) -> None:
+    workspace = root.new_workspace()
+    (workspace / "out.txt").write_text("result")
+    assert root.remove_workspace(workspace) is True
+    assert not workspace.exists()
+
+
+# --- sweeping stale roots -------------------------------------------------------------------------
+
+
+def test_sweep_removes_a_dead_owners_root(tmp_path: Path, dead_pid: int) -> None:
+    stale = fake_root(tmp_path, "lemon-exec-dead", {"pid": dead_pid, "created": 1, "version": 1})
+    assert sweep_stale_roots(tmp_path) == 1
+    assert not stale.exists()
+
+
+def test_sweep_keeps_a_live_owners_root(tmp_path: Path) -> None:
+    live = fake_root(tmp_path, "lemon-exec-live", {"pid": os.getpid(), "created": 1, "version": 1})
+    assert sweep_stale_roots(tmp_path) == 0
+    assert (live / "work" / "run-1" / "data.txt").exists()
+
+
+@pytest.mark.parametrize(
+    "marker",
+    [None, "not json", "[1, 2]", {"pid": "123"}, {"pid": True}, {"pid": -1}, {"created": 1}],
+)
+def test_sweep_skips_missing_or_malformed_markers(tmp_path: Path, marker: object) -> None:
+    kept = fake_root(tmp_path, "lemon-exec-odd", marker)
+    assert sweep_stale_roots(tmp_path) == 0
+    assert (kept / "work" / "run-1" / "data.txt").exists()
+
+
+def test_sweep_skips_a_marker_with_loose_mode(tmp_path: Path, dead_pid: int) -> None:
+    kept = fake_root(tmp_path, "lemon-exec-loose", {"pid": dead_pid}, marker_mode=0o644)
+    assert sweep_stale_roots(tmp_path) == 0
+    assert kept.exists()
+
+
+def test_sweep_skips_a_symlinked_marker(tmp_path: Path, dead_pid: int) -> None:
+    real = tmp_path / "real-marker"
+    fd = os.open(real, os.O_WRONLY | os.O_CREAT, 0o600)
+    os.write(fd, json.dumps({"pid": dead_pid}).encode())
+    os.close(fd)
+    kept = fake_root(tmp_path, "lemon-exec-linked", None)
+    (kept / "owner").symlink_to(real)
+    assert sweep_stale_roots(tmp_path) == 0
+    assert kept.exists()
+
+
+def test_sweep_is_not_hung_by_a_fifo_marker(tmp_path: Path) -> None:
+    kept = fake_root(tmp_path, "lemon-exec-fifo", None)
+    os.mkfifo(kept / "owner", 0o600)
+    assert sweep_stale_roots(tmp_path) == 0
+    assert kept.exists()
+
+
+def test_sweep_skips_other_names_and_symlinked_roots(tmp_path: Path, dead_pid: int) -> None:
+    other = fake_root(tmp_path, "not-lemon", {"pid": dead_pid})
+    target = fake_root(tmp_path, "elsewhere", {"pid": dead_pid})
+    (tmp_path / "lemon-exec-link").symlink_to(target)
+    assert sweep_stale_roots(tmp_path) == 0
+    assert other.exists() and target.exists()
+
+
+def test_sweep_of_a_huge_root_resumes_later(tmp_path: Path, dead_pid: int) -> None:
+    stale = fake_root(tmp_path, "lemon-exec-huge", {"pid": dead_pid})
+    for i in range(10_100):
+        (stale / "work" / f"f{i}").touch()
+    assert sweep_stale_roots(tmp_path) == 0  # bounded: not finished in one pass
+    assert (stale / "owner").exists()  # the marker stays, so it can be found again
+    assert sweep_stale_roots(tmp_path) == 1
+    assert not stale.exists()
+
+
+def test_sweep_max_roots(tmp_path: Path, dead_pid: int) -> None:
+    for i in range(5):
+        fake_root(tmp_path, f"lemon-exec-dead{i}", {"pid": dead_pid})
+    assert sweep_stale_roots(tmp_path, max_roots=2) == 2
+    assert sweep_stale_roots(tmp_path) == 3
+
+
+def test_create_sweeps_stale_siblings(tmp_path: Path, dead_pid: int) -> None:
+    stale = fake_root(tmp_path, "lemon-exec-old", {"pid": dead_pid})
+    with StagingRoot.create(tmp_path) as created:
+        assert not stale.exists()
+        assert created.path.exists()
+
+
+# --- reaping spill files --------------------------------------------------------------------------
+
+
+def test_reap_spills_age_and_prefix(root: StagingRoot) -> None:
+    now = time.time()
+    old = spill_file(root.spill_dir, SPILL + "old", 2 * DAY, now)
+    fresh = spill_file(root.spill_dir, SPILL + "fresh", 60, now)
+    other = spill_file(root.spill_dir, "notes-old.txt", 2 * DAY, now)
+    assert root.reap_spills(now=now) == 1
+    assert not old.exists()
+    assert fresh.exists() and other.exists()
+    assert root.reap_spills(max_age_s=30, now=now) == 1
+    assert not fresh.exists()
+
+
+def test_reap_spills_leaves_symlinks_and_directories(root: StagingRoot, tmp_path: Path) -> None:
+    now = time.time()
+    target = tmp_path / "victim"
+    target.write_text("keep")
+    os.utime(target, (now - 2 * DAY, now - 2 * DAY))
+    link = root.spill_dir / (SPILL + "link")
+    link.symlink_to(target)
+    os.utime(link, (now - 2 * DAY, now - 2 * DAY), follow_symlinks=False)
+    directory = root.spill_dir / (SPILL + "dir")
+    directory.mkdir()
+    os.utime(directory, (now - 2 * DAY, now - 2 * DAY))
+    assert root.reap_spills(now=now) == 0
+    assert link.is_symlink() and target.exists() and directory.is_dir()
+
+
+def test_reap_spills_batch_bound(root: StagingRoot) -> None:
+    now = time.time()
+    for i in range(25):
+        spill_file(root.spill_dir, f"{SPILL}{i:02d}", 2 * DAY, now)
+    assert root.reap_spills(batch=10, now=now) == 10
+    assert root.reap_spills(batch=10, now=now) == 10
+    assert root.reap_spills(batch=10, now=now) == 5
+    assert list(root.spill_dir.iterdir()) == []
+
+
+def test_reap_spills_skips_active_files(root: StagingRoot) -> None:
+    now = time.time()
+    busy = spill_file(root.spill_dir, SPILL + "busy", 2 * DAY, now)
+    idle = spill_file(root.spill_dir, SPILL + "idle", 2 * DAY, now)
+    assert root.reap_spills(now=now, active={busy}) == 1
+    assert busy.exists() and not idle.exists()
+    assert root.reap_spills(now=now, active=lambda path: path == busy) == 0
+    assert root.reap_spills(now=now) == 1
+
+
+def test_reap_spills_of_a_stale_sibling(root: StagingRoot, tmp_path: Path, dead_pid: int) -> None:
+    now = time.time()
+    mine = spill_file(root.spill_dir, SPILL + "mine", 2 * DAY, now)
+    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
+    theirs_old = spill_file(stale / "spill", SPILL + "theirs", 2 * DAY, now)
+    theirs_new = spill_file(stale / "spill", SPILL + "recent", 60, now)
+    live = fake_root(tmp_path, "lemon-exec-live", {"pid": os.getpid()})
+    live_old = spill_file(live / "spill", SPILL + "live", 2 * DAY, now)
+    assert root.reap_spills(now=now) == 2
+    assert not mine.exists() and not theirs_old.exists()
+    assert theirs_new.exists() and live_old.exists()
+
+
+def test_reap_spills_does_not_follow_a_symlinked_spill_dir(
+    root: StagingRoot, tmp_path: Path, dead_pid: int
+) -> None:
+    now = time.time()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = spill_file(elsewhere, SPILL + "victim", 2 * DAY, now)
+    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
+    (stale / "spill").rmdir()
+    (stale / "spill").symlink_to(elsewhere)
+    assert root.reap_spills(now=now) == 0
+    assert victim.exists()
+
+
+def test_reap_spills_stale_siblings_one_per_call(
+    root: StagingRoot, tmp_path: Path, dead_pid: int
+) -> None:
+    now = time.time()
+    for i in range(3):
+        stale = fake_root(tmp_path, f"lemon-exec-stale{i}", {"pid": dead_pid})
+        spill_file(stale / "spill", SPILL + "x", 2 * DAY, now)
+    assert root.reap_spills(now=now) == 1
+
+
+def test_reap_spills_budget_is_spent_on_own_dir_first(
+    root: StagingRoot, tmp_path: Path, dead_pid: int
+) -> None:
+    now = time.time()
+    for i in range(5):
+        spill_file(root.spill_dir, f"{SPILL}{i}", 2 * DAY, now)
+    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
+    theirs = spill_file(stale / "spill", SPILL + "theirs", 2 * DAY, now)
+    assert root.reap_spills(batch=5, now=now) == 5
+    assert theirs.exists()
+
+
+def test_module_exports() -> None:
+    assert set(staging.__all__) >= {"StagingRoot", "remove_tree", "sweep_stale_roots"}
