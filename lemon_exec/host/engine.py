@@ -19,6 +19,7 @@ from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import KernelStartError, LemonExecError, RefusedError
 from lemon_exec.host import cell as cells
 from lemon_exec.host.bridge import BridgeLimits
+from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.pool import KernelPool
@@ -46,6 +47,7 @@ class Engine:
         self.pool = KernelPool(self._start_spare, config.warm_kernels)
         self._background: set[asyncio.Task[Any]] = set()
         self._live: set[ManagedKernel] = set()
+        self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
         self.sessions: Any = None  # set by the facade when session mode is first used
         self._closed = False
 
@@ -69,7 +71,10 @@ class Engine:
                 {"duration_ms": int((time.monotonic() - started) * 1000)},
                 {"mode": mode, "source": source, "ok": ok},
             )
+        kernel.status.mode = mode
+        kernel.status.phase = "spare" if source == "spare" else "idle"
         self._live.add(kernel)
+        self.index.touch()
         return kernel
 
     async def _start_spare(self, interpreter: str) -> ManagedKernel:
@@ -84,6 +89,7 @@ class Engine:
             await cells.dispose(kernel)
         finally:
             self._live.discard(kernel)
+            self.index.touch()
             self.telemetry.emit("kernel.stop", {"lifetime_ms": lifetime, "cells": cells_run},
                                 {"mode": mode, "reason": reason})
 
@@ -153,6 +159,8 @@ class Engine:
                 kernel, source = await self.pool.claim(interpreter)
             except LemonExecError as exc:
                 return refusal(str(exc), details)
+            kernel.status.phase = "running"
+            self.index.touch()
             try:
                 request = self.cell_request(script, cwd=cwd, deadline=deadline, chdir=True,
                                             aborts=(abort,) if abort is not None else (),
@@ -181,6 +189,7 @@ class Engine:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
         self._live.clear()
+        self.index.close()
         self.staging.close()
 
 

@@ -24,6 +24,7 @@ from jupyter_client import AsyncKernelClient, AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
+from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.kernel import protocol
 
@@ -65,6 +66,7 @@ class ManagedKernel:
             asyncio.get_running_loop().create_future()
         )
         self._disposed = False
+        self.status = KernelStatus(kernel_id, "per_call", "starting", km.connection_file)
 
     # -- lifecycle ------------------------------------------------------------------------
 

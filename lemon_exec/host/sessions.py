@@ -216,7 +216,7 @@ class SessionRegistry:
             if not reused:
                 await self._start(entry)
             assert entry.kernel is not None
-            entry.phase = "running"
+            self._set_phase(entry, "running")
             request = request_for(f"cell{entry.cells_run + 1}.py")
             request.aborts = (*request.aborts, ticket.abort)
             try:
@@ -227,7 +227,7 @@ class SessionRegistry:
             entry.cells_run += 1
             entry.last_used = time.monotonic()
             if result.kernel_reusable:
-                entry.phase = "idle"
+                self._set_phase(entry, "idle")
             else:
                 self._discard(entry, result.end)
             details: dict[str, Any] = {
@@ -360,9 +360,18 @@ class SessionRegistry:
         except BaseException:
             entry.phase = "empty"
             raise
-        entry.phase = "idle"
+        entry.kernel.status.public_id = entry.kernel_id
+        self._set_phase(entry, "idle")
         entry.cells_run = 0
         entry.lost_reason = None
+
+    def _set_phase(self, entry: SessionKernel, phase: str) -> None:
+        entry.phase = phase
+        if entry.kernel is not None:
+            status = entry.kernel.status
+            status.phase, status.cells = phase, entry.cells_run
+            status.last_used_unix = time.time()
+            self._engine.index.touch()
 
     def _admit(self, entry: SessionKernel) -> None:
         """Make room under max_live_kernels: evict the LRU idle kernel, or fall back."""
@@ -465,20 +474,6 @@ class SessionRegistry:
             "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
             "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel,
         }
-
-    def live_kernels(self) -> list[dict[str, Any]]:
-        """Per-kernel rows for `lemon-exec kernels` (opaque ids only; same-user files)."""
-        now = time.monotonic()
-        rows = []
-        for e in self._entries:
-            if e.kernel is None:
-                continue
-            rows.append({
-                "id": e.kernel_id, "mode": "session", "phase": e.phase,
-                "age_s": round(now - e.created, 1), "idle_s": round(now - e.last_used, 1),
-                "cells": e.cells_run, "connection_file": e.kernel.connection_file,
-            })
-        return rows
 
     async def aclose(self) -> None:
         self._closed = True

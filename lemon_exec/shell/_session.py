@@ -71,7 +71,7 @@ class ShellSession:
             return make_result(stderr=f"Error: {exc}\n", exit_code=-1)
         limit = output_limit()
         if not self._acquire(cancel_event):
-            return make_result(stderr=_CANCELLED_NOTE, exit_code=-1)
+            return make_result(stderr=_NOT_STARTED_NOTE, exit_code=-1)
         try:
             return self._run_locked(command, seconds, limit, cancel_event)
         finally:
@@ -133,8 +133,8 @@ class ShellSession:
     ) -> CommandResult:
         """Run one command; the caller holds the lock."""
         before = self._ensure_cwd_exists()
-        with prepared_launch(command) as launch:
-            try:
+        try:
+            with prepared_launch(command) as launch:
                 outcome = run_process(
                     launch.argv,
                     env=launch.env,
@@ -143,11 +143,13 @@ class ShellSession:
                     limit=limit,
                     cancel=cancel,
                 )
-            except OSError as exc:
-                return make_result(
-                    stderr=f"{before}Error: could not start {BASH}: {exc}\n", exit_code=-1
-                )
-            finished_in = read_cwd_file(launch.cwd_file)
+                finished_in = read_cwd_file(launch.cwd_file)
+        except OSError as exc:
+            # E.g. no /bin/bash, or no writable temporary directory: report, do not crash.
+            return make_result(
+                stderr=f"{before}Error: could not run the command with {BASH}: {exc}\n",
+                exit_code=-1,
+            )
         # Recorded after timeouts too: bash's EXIT trap also runs on the timeout's SIGTERM.
         if finished_in is not None:
             self._cwd = finished_in
@@ -177,6 +179,7 @@ class ShellSession:
 
 
 _CANCELLED_NOTE = "Command cancelled; its process group was killed.\n"
+_NOT_STARTED_NOTE = "Command cancelled before it started.\n"
 
 
 def _check_command(command: object) -> None:

@@ -278,7 +278,6 @@ def test_truncation_limit_comes_from_env_for_each_stream(
     assert result["stderr"] == "abcde"
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_50_mb_on_both_streams_does_not_deadlock(session: ShellSession) -> None:
     # stderr first: a reader that drained stdout before stderr would block for ever here.
@@ -537,3 +536,22 @@ def test_sync_cancel_event_kills_the_command(session: ShellSession) -> None:
     assert result["exit_code"] == -1
     assert result["stdout"] == "before\n"
     assert "cancelled" in result["stderr"]
+
+
+@pytest.mark.timeout(10)
+def test_cancel_while_waiting_for_the_lock_runs_nothing(
+    session: ShellSession, tmp_path: Path
+) -> None:
+    busy = threading.Thread(target=session.execute_command, args=("sleep 1",))
+    busy.start()
+    time.sleep(0.2)  # let the first call take the lock
+    cancel = threading.Event()
+    threading.Timer(0.2, cancel.set).start()
+    start = time.monotonic()
+    result = session.execute_command("touch ran.txt", timeout=5, cancel_event=cancel)
+    elapsed = time.monotonic() - start
+    busy.join()
+    assert result["exit_code"] == -1
+    assert "before it started" in result["stderr"]
+    assert elapsed < 0.7  # did not wait for the busy call to finish
+    assert not (tmp_path / "ran.txt").exists()
