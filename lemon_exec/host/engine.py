@@ -18,6 +18,7 @@ from typing import Any
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import KernelStartError, LemonExecError, RefusedError
 from lemon_exec.host import cell as cells
+from lemon_exec.host import hygiene
 from lemon_exec.host.bridge import BridgeLimits
 from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernel import ManagedKernel
@@ -29,6 +30,8 @@ from lemon_exec.telemetry import Telemetry
 from lemon_exec.tools import ToolHost
 
 log = logging.getLogger(__name__)
+
+_SPILL_REAP_INTERVAL_S = 3600.0
 
 
 class Engine:
@@ -50,6 +53,25 @@ class Engine:
         self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
         self.sessions: Any = None  # set by the facade when session mode is first used
         self._closed = False
+        self._reap_handle: asyncio.TimerHandle | None = None
+        self._reap_spills()
+        hygiene.register(self)
+
+    def _reap_spills(self) -> None:
+        """Remove spill files older than 24 h, one bounded batch per hour."""
+        try:
+            self.staging.reap_spills()
+        except OSError:
+            log.warning("spill reaping failed", exc_info=True)
+        with contextlib.suppress(RuntimeError):  # no running loop: the next engine reaps
+            self._reap_handle = asyncio.get_running_loop().call_later(
+                _SPILL_REAP_INTERVAL_S, self._reap_spills)
+
+    def emergency_cleanup(self) -> None:
+        """Exit-time cleanup without a loop: kill every kernel, remove the staging root."""
+        for kernel in list(self._live) + self.pool.all_spares():
+            kernel.kill_sync()
+        self.staging.close()
 
     # -- kernels -------------------------------------------------------------------------------
 
@@ -190,7 +212,10 @@ class Engine:
         await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
         self._live.clear()
         self.index.close()
+        if self._reap_handle is not None:
+            self._reap_handle.cancel()
         self.staging.close()
+        hygiene.unregister(self)
 
 
 def _join_path(first: str, rest: str | None) -> str:

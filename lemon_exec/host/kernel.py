@@ -174,6 +174,21 @@ class ManagedKernel:
         await _kill_manager(self._km)
         _unlink(self._log_path)
 
+    def kill_sync(self) -> None:
+        """SIGKILL the process group and remove files without awaiting (exit-time cleanup)."""
+        if self._disposed:
+            return
+        self._disposed = True
+        pgid = getattr(self._km.provisioner, "pgid", None)
+        pid = self.pid
+        with contextlib.suppress(OSError, TypeError):
+            if pgid:
+                os.killpg(pgid, signal.SIGKILL)
+            elif pid:
+                os.kill(pid, signal.SIGKILL)
+        for path in (Path(self.connection_file), self._log_path):
+            _unlink(path)
+
     @property
     def disposed(self) -> bool:
         return self._disposed

@@ -68,6 +68,9 @@ class KernelPool:
             spares.append(kernel)
             log.debug("spare ready in %.0f ms", (time.monotonic() - started) * 1000)
 
+    def all_spares(self) -> list[ManagedKernel]:
+        return [k for group in self._spares.values() for k in group]
+
     @property
     def spare_count(self) -> int:
         return sum(len(s) for s in self._spares.values())

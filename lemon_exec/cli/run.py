@@ -1,0 +1,202 @@
+"""``lemon-exec run FILE``: run one script through the execute_code tool and print its result.
+
+Running the command is the user's explicit opt-in, so the tool is enabled unless a config
+file or the environment turns it off explicitly (``ExecuteCodeConfig.load(...,
+default_enabled=True)``); the library default stays disabled.
+
+Exit status: 0 when the script succeeded, 1 when it failed (exception, non-zero exit, timeout,
+crash), 2 for usage and configuration errors (unreadable script, bad config, refused call),
+130 after Ctrl-C and 143 after SIGTERM (the run is aborted and cleaned up first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.errors import LemonExecError
+from lemon_exec.facade import ExecuteCode
+from lemon_exec.result import ExecuteCodeResult
+
+__all__ = ["register", "run_command"]
+
+EXIT_OK = 0
+EXIT_SCRIPT_FAILED = 1
+EXIT_USAGE = 2
+
+#: Exit status after each signal that aborts a run: 128 + signal number, as shells report.
+_SIGNAL_EXIT = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+_PROG = "lemon-exec"
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``run`` subcommand to the ``lemon-exec`` parser."""
+    parser = subparsers.add_parser(
+        "run",
+        help="run a Python script as the execute_code tool would",
+        description=(
+            "Run a Python script in a fresh lemon-python kernel with the execute_code helpers "
+            "(read, grep, find, ls, webfetch, text, notify, batch) and print the tool result. "
+            "The script runs in the current directory. execute_code is enabled unless the "
+            "config file or LEMON_EXECUTE_CODE_ENABLED disables it."
+        ),
+        epilog=(
+            "exit status: 0 script succeeded, 1 script failed or timed out, "
+            "2 usage or configuration error, 130 interrupted (Ctrl-C)"
+        ),
+    )
+    parser.add_argument("file", metavar="FILE", help="the script to run, or - to read stdin")
+    parser.add_argument(
+        "--timeout-ms",
+        type=int,
+        default=None,
+        metavar="MS",
+        help="wall-time limit of this run in milliseconds (at least 1000); overrides "
+        "timeout_ms from the config file and the environment",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="TOML file with a [runtime.tools.execute_code] table",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        dest="as_json",
+        help='print the result as one JSON object {"content", "details", "trust"}',
+    )
+    parser.set_defaults(func=run_command)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run ``args.file`` and print its result; return the exit status."""
+    script = _read_script(args.file)
+    if script is None:
+        return EXIT_USAGE
+    if not script.strip():
+        _error(f"script {_display_name(args.file)} is empty; nothing to run")
+        return EXIT_USAGE
+    try:
+        config = ExecuteCodeConfig.load(args.config, default_enabled=True)
+    except LemonExecError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+    # One run cannot use a spare, so starting one would only cost a second kernel.
+    config.warm_kernels = 0
+    timeout_ms: int | None = args.timeout_ms
+    if timeout_ms is not None:
+        # The flag wins over file and environment, like any command-line option; the call's
+        # own clamp keeps the 1000 ms floor.
+        config.timeout_ms = max(timeout_ms, 1000)
+
+    try:
+        result, signum = asyncio.run(_run(script, config, timeout_ms))
+    except LemonExecError as exc:  # e.g. the private staging directory could not be made
+        _error(str(exc))
+        return EXIT_USAGE
+
+    refused = bool(result.details.get("error")) and result.details.get("exit_code") is None
+    try:
+        if args.as_json:
+            _write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
+        elif not refused:
+            _write(result.content if result.content.endswith("\n") else result.content + "\n")
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`); don't let Python complain at exit either.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if signum is not None:
+        return _SIGNAL_EXIT.get(signum, 128 + int(signum))
+    if refused:
+        _error(result.content)
+        return EXIT_USAGE
+    return EXIT_OK if result.ok else EXIT_SCRIPT_FAILED
+
+
+async def _run(
+    script: str, config: ExecuteCodeConfig, timeout_ms: int | None
+) -> tuple[ExecuteCodeResult, signal.Signals | None]:
+    """Run ``script``; Ctrl-C or SIGTERM aborts the run. Returns the result and the signal."""
+    loop = asyncio.get_running_loop()
+    abort = asyncio.Event()
+    received: list[signal.Signals] = []
+
+    def on_signal(signum: signal.Signals) -> None:
+        if not received:
+            received.append(signum)
+        abort.set()
+        # A second Ctrl-C gets Python's default behaviour back, so a stuck cleanup can still
+        # be interrupted (KeyboardInterrupt, exit 130 from the CLI's main).
+        loop.remove_signal_handler(signum)
+
+    installed: list[signal.Signals] = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+    try:
+        async with ExecuteCode(config) as tool:
+            result = await tool.run(script, timeout_ms=timeout_ms, on_update=_notify, abort=abort)
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+    return result, (received[0] if received else None)
+
+
+def _notify(message: str) -> None:
+    """Show a notify() message live, one line each."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(f"notify: {message}\n")
+        sys.stderr.flush()
+
+
+def _read_script(name: str) -> str | None:
+    """The script's source, decoded like Python decodes a file; None after reporting why not."""
+    try:
+        if name == "-":
+            data = sys.stdin.buffer.read()
+        else:
+            with open(name, "rb") as handle:
+                data = handle.read()
+    except OSError as exc:
+        _error(f"cannot read script {_display_name(name)}: {exc.strerror or exc}")
+        return None
+    try:
+        # Honours a PEP 263 coding line and a BOM, as `python FILE` would.
+        return importlib.util.decode_source(data)
+    except (SyntaxError, UnicodeDecodeError, LookupError) as exc:
+        _error(f"cannot read script {_display_name(name)}: not valid source text ({exc})")
+        return None
+
+
+def _display_name(name: str) -> str:
+    return "from stdin" if name == "-" else name
+
+
+def _error(message: str) -> None:
+    """One actionable line on stderr."""
+    line = " ".join(message.split())
+    with contextlib.suppress(OSError):
+        sys.stderr.write(f"{_PROG}: {line}\n")
+        sys.stderr.flush()
+
+
+def _write(text: str) -> None:
+    stream = sys.stdout
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        # A non-UTF-8 terminal must not turn a finished run into a crash.
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "replace").decode(encoding))
+    stream.flush()

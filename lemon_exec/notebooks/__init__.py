@@ -1,0 +1,1 @@
+"""Notebook scenarios: run notebooks as sequences of execute_code calls."""

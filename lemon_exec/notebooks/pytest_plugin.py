@@ -1,0 +1,1 @@
+"""Pytest plugin collecting scenario notebooks (placeholder, being written)."""
