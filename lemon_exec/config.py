@@ -80,6 +80,7 @@ SETTING_KEYS: tuple[str, ...] = (
     "max_live_kernels",
     "max_queued_cells_per_kernel",
     "warm_kernels",
+    "fork_server",
 )
 
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -171,6 +172,13 @@ class ExecuteCodeConfig(Configurable):
         1,
         help="Per-call kernels started ahead of time so a call need not wait for startup; "
         "0 disables warm spares.",
+    ).tag(config=True)
+
+    fork_server = Bool(
+        True,
+        help="Start kernels by forking a template process that has already imported the "
+        "kernel's modules (about 4x cheaper than a fresh interpreter). Off: every kernel is "
+        "a new process launched by jupyter_client.",
     ).tag(config=True)
 
     # --- validation: runs for programmatic assignment as well as for load() ---------------
@@ -386,7 +394,7 @@ _INVALID: Any = object()
 
 def _coerce(key: str, raw: Any) -> Any:
     """Turn a TOML, environment or override value into the trait's type, or ``_INVALID``."""
-    if key == "enabled":
+    if key in ("enabled", "fork_server"):
         return _coerce_bool(raw)
     if key == "python_path":
         return os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else _INVALID

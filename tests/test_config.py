@@ -35,6 +35,7 @@ DEFAULTS = {
     "max_live_kernels": 16,
     "max_queued_cells_per_kernel": 8,
     "warm_kernels": 1,
+    "fork_server": True,
 }
 
 

@@ -78,11 +78,14 @@ class ManagedKernel:
         cwd: str,
         runtime_dir: Path,
         env: dict[str, str] | None = None,
+        fork_server_id: str = "",
         timeout: float = STARTUP_TIMEOUT_S,
     ) -> ManagedKernel:
         """Start a kernel and wait until it is ready; never leaves a process behind on failure."""
         kernel_id = secrets.token_hex(8)
-        spec_manager = LemonKernelSpecManager(interpreter=interpreter, env=env or {})
+        spec_manager = LemonKernelSpecManager(
+            interpreter=interpreter, env=env or {}, fork_server_id=fork_server_id
+        )
         km = AsyncKernelManager(
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=spec_manager,

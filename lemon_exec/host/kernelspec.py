@@ -38,6 +38,9 @@ class LemonKernelSpecManager(KernelSpecManager):
 
     interpreter = Unicode(help="Absolute path of the Python interpreter that runs the kernel.")
     env = Dict(help="Extra environment variables for the kernel process.")
+    fork_server_id = Unicode(
+        "", help="Id of a ForkServer to launch through (empty: a plain Popen launch)."
+    )
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         if kernel_name != KERNEL_NAME:
@@ -50,5 +53,14 @@ class LemonKernelSpecManager(KernelSpecManager):
             language="python",
             interrupt_mode="signal",
             env=dict(self.env),
-            metadata={"debugger": False},
+            metadata=self._metadata(),
         )
+
+    def _metadata(self) -> dict[str, object]:
+        metadata: dict[str, object] = {"debugger": False}
+        if self.fork_server_id:
+            metadata["kernel_provisioner"] = {
+                "provisioner_name": "lemon-forkserver",
+                "config": {"server_id": self.fork_server_id},
+            }
+        return metadata

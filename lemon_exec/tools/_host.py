@@ -199,14 +199,6 @@ class ToolHost:
         if not inspect.isawaitable(pending):
             return _as_outcome(pending)
         task = asyncio.ensure_future(pending)
-        if True:  # MUTANT: naive wait_for
-            try:
-                return _as_outcome(await asyncio.wait_for(asyncio.shield(task), self._approval_timeout_s))
-            except asyncio.TimeoutError:
-                return ApprovalOutcome.TIMED_OUT
-            except asyncio.CancelledError:
-                await task
-                return _as_outcome(task.result())
         try:
             # asyncio.wait (not wait_for) never returns the hook's result once we have been
             # cancelled, even if the hook finished in the same loop iteration, and it never
@@ -229,7 +221,9 @@ class ToolHost:
     def _withdraw(self, task: asyncio.Future[Any]) -> None:
         """Cancel a pending approval; whatever it answers later is discarded."""
         task.cancel()
-        if not task.done():
+        if task.done():
+            self._forget_orphan(task)  # it answered just too late
+        else:
             self._orphans.add(task)
             task.add_done_callback(self._forget_orphan)
 

@@ -360,9 +360,10 @@ def test_cancel_during_approval_withdraws_it(stubborn: bool) -> None:
                         return await asyncio.shield(answer)
                     except asyncio.CancelledError:
                         events.append("hook saw withdrawal")
-                        if not stubborn:
+                        if not stubborn or len(events) > 1:
                             raise
-                        # A stubborn hook ignores the withdrawal and answers anyway.
+                        # A stubborn hook ignores the withdrawal (once, so that asyncio.run
+                        # can still shut down if this test fails) and answers anyway.
             finally:
                 hook_done.set()
 
@@ -370,8 +371,9 @@ def test_cancel_during_approval_withdraws_it(stubborn: bool) -> None:
         task = asyncio.create_task(host.invoke(call()))
         await asked.wait()
         task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
+        done, _ = await asyncio.wait({task}, timeout=2)
+        assert task in done, "invoke() did not end promptly when cancelled"
+        assert task.cancelled()
         answer.set_result(ApprovalOutcome.APPROVED)  # the user clicks "approve" afterwards
         await asyncio.wait_for(hook_done.wait(), 2)
         for _ in range(10):

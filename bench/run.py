@@ -1,0 +1,1107 @@
+#!/usr/bin/env python3
+"""Benchmark lemon_exec's execute_code against the alternatives (issue 5).
+
+Run ``python bench/run.py`` (about 3-4 minutes), ``--quick`` (under a minute), ``--json`` for
+one JSON object on stdout (everything else goes to stderr), ``--only NAME[,NAME]`` for a
+subset (figure or group names, see ``--list``). Compared commands are measured side by side
+in one run and alternated, so that a noisy machine slows both alike. What each figure means
+is in ``docs/benchmarks.md``.
+
+Every kernel this script starts is stopped on the way out, on errors and Ctrl-C included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+
+# -- figures and targets --------------------------------------------------------------------------
+
+#: Every figure of issue 5, in report order: name -> (unit, group that measures it).
+FIGURES: dict[str, tuple[str, str]] = {
+    "per_call_p50_ms": ("ms", "per_call"),
+    "python_subprocess_p50_ms": ("ms", "per_call"),
+    "per_call_ratio": ("x", "per_call"),
+    "per_call_sustained_per_s": ("runs/s", "sustained"),
+    "cold_start_p50_ms": ("ms", "cold"),
+    "session_rtt_p50_ms": ("ms", "session"),
+    "raw_jupyter_rtt_p50_ms": ("ms", "session"),
+    "session_ratio": ("x", "session"),
+    "helper_rtt_p50_ms": ("ms", "helpers"),
+    "batch_100_ms": ("ms", "helpers"),
+    "text_mb_per_s": ("MiB/s", "helpers"),
+    "flood_host_rss_growth_mb": ("MiB", "flood"),
+    "idle_kernel_rss_mb": ("MiB", "idle"),
+    "sessions16_cells_per_s": ("cells/s", "sessions16"),
+}
+
+#: Issue 5's targets: figure -> (comparison, limit).
+TARGETS: dict[str, tuple[str, float]] = {
+    "per_call_ratio": ("<=", 1.0),
+    "per_call_sustained_per_s": (">=", 3.0),
+    "cold_start_p50_ms": ("<=", 350.0),
+    "session_ratio": ("<=", 1.3),
+    "helper_rtt_p50_ms": ("<=", 1.5),
+    "flood_host_rss_growth_mb": ("<=", 64.0),
+    "idle_kernel_rss_mb": ("<=", 60.0),
+}
+
+GROUPS: tuple[str, ...] = (
+    "per_call", "sustained", "cold", "session", "helpers", "flood", "idle", "sessions16",
+)
+
+TRIVIAL_SCRIPT = "print(1)\n"
+TRIVIAL_CELL = "x = 1"
+FLOOD_SCRIPT = (
+    "import sys; chunk = 'x' * 1023 + '\\n'; "
+    "[sys.stdout.write(chunk) for _ in range(100 * 1024)]"
+)
+FLOOD_BYTES = 100 * 1024 * 1024
+MIB = 1024 * 1024
+RESULT_MARKER = "BENCH_JSON:"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How many samples each measurement takes (full run or ``--quick``)."""
+
+    quick: bool
+    per_call_pairs: int
+    per_call_spacing_s: float
+    sustained_s: float
+    cold_samples: int
+    session_pairs: int
+    helper_calls: int
+    helper_runs: int
+    batch_reps: int
+    text_blocks: int
+    text_runs: int
+    flood_runs: int
+    sessions16_s: float
+    settle_s: float
+    group_timeout_s: float
+
+    @classmethod
+    def make(cls, quick: bool) -> Plan:
+        if quick:
+            return cls(quick=True, per_call_pairs=12, per_call_spacing_s=0.5, sustained_s=5.0,
+                       cold_samples=3, session_pairs=150, helper_calls=200, helper_runs=1,
+                       batch_reps=5, text_blocks=25, text_runs=1, flood_runs=1,
+                       sessions16_s=2.0, settle_s=0.7, group_timeout_s=60.0)
+        return cls(quick=False, per_call_pairs=80, per_call_spacing_s=1.0, sustained_s=20.0,
+                   cold_samples=12, session_pairs=500, helper_calls=200, helper_runs=3,
+                   batch_reps=10, text_blocks=50, text_runs=3, flood_runs=2,
+                   sessions16_s=6.0, settle_s=1.0, group_timeout_s=240.0)
+
+
+# -- statistics and reporting ---------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) by linear interpolation between closest ranks."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def summarize(values: Sequence[float]) -> dict[str, float | int]:
+    """p50, p90, min, max and sample count of ``values``."""
+    return {
+        "p50": round(percentile(values, 50), 3),
+        "p90": round(percentile(values, 90), 3),
+        "min": round(min(values), 3) if values else math.nan,
+        "max": round(max(values), 3) if values else math.nan,
+        "n": len(values),
+    }
+
+
+@dataclass
+class Report:
+    """Figures (issue 5's names), their sample statistics, context numbers and errors."""
+
+    figures: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+    def figure(self, name: str, value: float, samples: Sequence[float] | None = None) -> None:
+        self.figures[name] = round(float(value), 3)
+        if samples is not None:
+            self.stats[name] = summarize(samples)
+
+    def context(self, name: str, value: Any) -> None:
+        self.extra[name] = round(value, 3) if isinstance(value, float) else value
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr, so that ``--json`` leaves stdout to the JSON object."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def verdict(name: str, value: float | None) -> bool | None:
+    if name not in TARGETS or value is None or math.isnan(value):
+        return None
+    op, limit = TARGETS[name]
+    return value <= limit if op == "<=" else value >= limit
+
+
+def format_table(report: Report) -> str:
+    """The human-readable table: figure, value, p90, samples, target, verdict."""
+    rows = [("figure", "value", "p90", "n", "target", "result")]
+    for name, (unit, _group) in FIGURES.items():
+        if name not in report.figures and name not in report.errors:
+            continue
+        value = report.figures.get(name)
+        stat = report.stats.get(name, {})
+        target = TARGETS.get(name)
+        ok = verdict(name, value)
+        rows.append((
+            name,
+            "error" if value is None else f"{_num(value)} {unit}",
+            _num(stat["p90"]) if "p90" in stat else "",
+            str(stat["n"]) if "n" in stat else "",
+            f"{target[0]} {_num(target[1])}" if target else "",
+            "" if ok is None else ("pass" if ok else "FAIL"),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    if report.extra:
+        lines.append("")
+        lines.append("context:")
+        lines.extend(f"  {k} = {_num(v) if isinstance(v, float) else v}"
+                     for k, v in report.extra.items())
+    if report.errors:
+        lines.append("")
+        lines.append("errors:")
+        lines.extend(f"  {k}: {v}" for k, v in report.errors.items())
+    return "\n".join(lines)
+
+
+def _num(value: float) -> str:
+    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()
+                                  and abs(value) >= 100):
+        return str(int(value))
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+# -- machine ------------------------------------------------------------------------------------
+
+
+def machine_info(interpreter: str) -> dict[str, Any]:
+    """Cores, Python, platform and package versions (put in every report)."""
+    import lemon_exec
+
+    cpu_model = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu_model = line.split(":", 1)[1].strip()
+                break
+    mem_total_mib = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_total_mib = int(line.split()[1]) // 1024
+    real = os.path.realpath(interpreter)
+    return {
+        "cores": os.cpu_count(),
+        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "cpu_model": cpu_model,
+        "mem_total_mib": mem_total_mib,
+        "python": platform.python_version(),
+        "python_implementation": platform.python_implementation(),
+        "platform": platform.platform(),
+        "jupyter_client": _version("jupyter_client"),
+        "ipykernel": _version("ipykernel"),
+        "pyzmq": _version("pyzmq"),
+        "lemon_exec": lemon_exec.__version__,
+        "kernel_interpreter": interpreter,
+        "kernel_interpreter_is_script": _is_script(real),
+        "loadavg_start": _loadavg(),
+        "lemon_exec_git": _git_state(),
+        "config_defaults": {key: getattr(ExecuteCodeConfig(), key)
+                            for key in ("warm_kernels", "fork_server")
+                            if key in ExecuteCodeConfig.class_trait_names()},
+    }
+
+
+def _git_state() -> dict[str, Any] | None:
+    """The commit of the lemon_exec checkout and whether its tree has changes (read-only)."""
+    import lemon_exec
+
+    root = Path(lemon_exec.__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
+                              capture_output=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                               cwd=root, text=True, capture_output=True, timeout=10,
+                               check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {"commit": head, "modified_files": len(dirty.splitlines())}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _is_script(path: str) -> bool:
+    """True when ``path`` is a shell script (e.g. a pyenv shim), not a binary."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(2) == b"#!"
+    except OSError:
+        return False
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+# -- process memory -------------------------------------------------------------------------------
+
+
+def rss_kib(pid: int | str = "self") -> int:
+    """VmRSS of a process in KiB (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def hwm_kib() -> int:
+    """VmHWM (peak RSS) of this process in KiB."""
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return 0
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid``'s children, grandchildren, ... (from /proc/PID/task/*/children)."""
+    found: list[int] = []
+    stack = [pid]
+    while stack:
+        current = stack.pop()
+        task_dir = Path(f"/proc/{current}/task")
+        with contextlib.suppress(OSError):
+            for task in task_dir.iterdir():
+                with contextlib.suppress(OSError, ValueError):
+                    for child in (task / "children").read_text().split():
+                        found.append(int(child))
+                        stack.append(int(child))
+    return found
+
+
+def tree_rss_mib(pid: int) -> tuple[float, int]:
+    """RSS of ``pid`` plus all its descendants in MiB, and how many processes that was."""
+    pids = [pid, *descendants(pid)]
+    return sum(rss_kib(p) for p in pids) / 1024, len(pids)
+
+
+def tree_pss_uss_mib(pid: int) -> tuple[float, float] | None:
+    """PSS and USS (private pages) of ``pid`` plus descendants in MiB, from smaps_rollup.
+
+    A forked kernel shares its parent's pages copy-on-write; RSS counts them whole in every
+    process, PSS divides them among the sharers and USS leaves them out.
+    """
+    pss = uss = 0
+    try:
+        for p in [pid, *descendants(pid)]:
+            with open(f"/proc/{p}/smaps_rollup") as fh:
+                for line in fh:
+                    key, _, rest = line.partition(":")
+                    if key == "Pss":
+                        pss += int(rest.split()[0])
+                    elif key in ("Private_Clean", "Private_Dirty"):
+                        uss += int(rest.split()[0])
+    except (OSError, ValueError):
+        return None
+    return pss / 1024, uss / 1024
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line, shortened (empty when it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return ""
+    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)[:120]
+
+
+class RssSampler:
+    """Samples this process's VmRSS every ``interval`` seconds on a thread; keeps the peak."""
+
+    def __init__(self, interval: float = 0.02) -> None:
+        self.interval = interval
+        self.peak_kib = rss_kib()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.peak_kib = max(self.peak_kib, rss_kib())
+            self.samples += 1
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_kib = max(self.peak_kib, rss_kib())
+
+
+# -- lemon_exec helpers ---------------------------------------------------------------------------
+
+
+def lemon_config(**overrides: Any) -> ExecuteCodeConfig:
+    """An enabled config with a 60 s timeout, ``overrides`` applied."""
+    values: dict[str, Any] = {"enabled": True, "timeout_ms": 60_000, "warm_kernels": 1,
+                              "max_live_kernels": 16}
+    values.update(overrides)
+    return ExecuteCodeConfig(**values)
+
+
+def has_setting(name: str) -> bool:
+    """Whether this lemon_exec has the setting ``name`` (the engine changes under us)."""
+    return name in ExecuteCodeConfig.class_trait_names()
+
+
+async def wait_quiet(ec: ExecuteCode, spares: int, timeout: float, sessions: int = 0) -> bool:
+    """Wait until ``spares`` spares are ready and no other kernel is starting or stopping."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = ec.snapshot()
+        if snap["spares"] >= spares and snap["kernels_total"] <= spares + sessions:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+
+
+async def timed_run(ec: ExecuteCode, script: str, scope: SessionScope) -> tuple[float, Any]:
+    """Wall-clock milliseconds of one ``ec.run`` and its result (which must have succeeded)."""
+    t0 = time.perf_counter()
+    result = await ec.run(script, scope=scope)
+    elapsed = (time.perf_counter() - t0) * 1000
+    if result.details.get("exit_code") != 0:
+        raise RuntimeError(f"script failed: {result.content[:500]!r} {result.details}")
+    return elapsed, result
+
+
+def script_json(result: Any) -> Any:
+    """The JSON a benchmark script reported with ``text(BENCH_JSON:...)``."""
+    found = [line for line in result.content.splitlines() if line.startswith(RESULT_MARKER)]
+    if not found:
+        raise RuntimeError(f"no {RESULT_MARKER} line in result: {result.content[:500]!r}")
+    return json.loads(found[-1][len(RESULT_MARKER):])
+
+
+async def python_subprocess(interpreter: str, script: Path, cwd: str) -> float:
+    """Milliseconds to run ``interpreter script`` with captured output, as asyncio does."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        interpreter, str(script), cwd=cwd,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    elapsed = (time.perf_counter() - t0) * 1000
+    if proc.returncode != 0 or out.strip() != b"1":
+        raise RuntimeError(f"python subprocess failed ({proc.returncode}): {err[-500:]!r}")
+    return elapsed
+
+
+# -- plain jupyter_client on a plain ipykernel ----------------------------------------------------
+
+
+class RawKernel:
+    """A plain ipykernel (``python3 -m ipykernel_launcher``) driven by plain jupyter_client."""
+
+    def __init__(self, km: Any, kc: Any) -> None:
+        self.km = km
+        self.kc = kc
+
+    @classmethod
+    async def start(cls, interpreter: str, cwd: str) -> RawKernel:
+        """Start the kernel; ready once it answered kernel_info and IOPub delivered a message.
+
+        That is the fast readiness rule of issue 5 (``wait_for_ready`` would add its 0.2 s of
+        IOPub silence), so that cold starts are compared on equal terms.
+        """
+        from jupyter_client import AsyncKernelManager
+        from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+        class _PlainSpecs(KernelSpecManager):  # type: ignore[misc]
+            def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+                return KernelSpec(
+                    argv=[interpreter, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    display_name="plain ipykernel", language="python",
+                )
+
+        km = AsyncKernelManager(kernel_name="bench-plain-ipykernel",
+                                kernel_spec_manager=_PlainSpecs())
+        kernel = None
+        try:
+            await km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            kc = km.client()
+            kc.start_channels()
+            kernel = cls(km, kc)
+            await asyncio.wait_for(kernel._ready(), 60)
+            return kernel
+        except BaseException:
+            if kernel is not None:
+                await kernel.aclose()
+            else:
+                with contextlib.suppress(Exception):
+                    await km.shutdown_kernel(now=True)
+            raise
+
+    async def _ready(self) -> None:
+        msg_id = self.kc.kernel_info()
+
+        async def reply() -> None:
+            while True:
+                msg = await self.kc.get_shell_msg(timeout=60)
+                if msg["parent_header"].get("msg_id") == msg_id:
+                    return
+
+        async def iopub() -> None:
+            await self.kc.get_iopub_msg(timeout=60)  # iopub_welcome (ipykernel >= 7.2) or status
+
+        await asyncio.gather(reply(), iopub())
+
+    async def execute(self, code: str) -> str:
+        """Run ``code``; return its stdout once the reply and IOPub ``idle`` have arrived."""
+        msg_id = self.kc.execute(code)
+        stdout: list[str] = []
+        got_reply = False
+        got_idle = False
+
+        async def reply() -> None:
+            nonlocal got_reply
+            while not got_reply:
+                msg = await self.kc.get_shell_msg(timeout=60)
+                got_reply = msg["parent_header"].get("msg_id") == msg_id
+
+        async def iopub() -> None:
+            nonlocal got_idle
+            while not got_idle:
+                msg = await self.kc.get_iopub_msg(timeout=60)
+                if msg["parent_header"].get("msg_id") != msg_id:
+                    continue
+                if msg["msg_type"] == "stream":
+                    stdout.append(msg["content"]["text"])
+                got_idle = (msg["msg_type"] == "status"
+                            and msg["content"]["execution_state"] == "idle")
+
+        await asyncio.gather(reply(), iopub())
+        return "".join(stdout)
+
+    @property
+    def pid(self) -> int | None:
+        return getattr(self.km.provisioner, "pid", None)
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kc.stop_channels()
+        with contextlib.suppress(Exception):
+            await self.km.shutdown_kernel(now=True)
+
+
+# -- the measurements -----------------------------------------------------------------------------
+
+
+@dataclass
+class Context:
+    plan: Plan
+    report: Report
+    workdir: Path
+    interpreter: str
+
+    def scope(self, name: str) -> SessionScope:
+        return SessionScope(name, "bench", str(self.workdir))
+
+
+async def bench_per_call(ctx: Context) -> None:
+    """per_call_p50_ms against python_subprocess_p50_ms at agent cadence, alternating."""
+    plan, report = ctx.plan, ctx.report
+    script = ctx.workdir / "script.py"
+    script.write_text(TRIVIAL_SCRIPT)
+    real_python = os.path.realpath(shutil.which(ctx.interpreter) or ctx.interpreter)
+    scope = ctx.scope("bench-per-call")
+    lemon_ms: list[float] = []
+    sub_ms: list[float] = []
+    direct_ms: list[float] = []
+    sources: dict[str, int] = {}
+    not_quiet = 0
+    async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
+        await timed_run(ec, TRIVIAL_SCRIPT, scope)  # first call: the pool fills from here
+        await asyncio.sleep(plan.settle_s)  # background starts (a fork server...) settle
+        await wait_quiet(ec, 1, 30)
+        for _ in range(2):  # warm-up pairs, not counted
+            await python_subprocess(ctx.interpreter, script, str(ctx.workdir))
+            await python_subprocess(real_python, script, str(ctx.workdir))
+        start = time.monotonic()
+        for i in range(plan.per_call_pairs):
+            await _sleep_until(start + i * plan.per_call_spacing_s)
+
+            async def baselines() -> None:
+                # After a per-call run its spare refills and the used kernel stops in the
+                # background; measure the baseline once that is over, not on top of it.
+                nonlocal not_quiet
+                if not await wait_quiet(ec, 1, plan.per_call_spacing_s * 0.6):
+                    not_quiet += 1
+                sub_ms.append(await python_subprocess(ctx.interpreter, script, str(ctx.workdir)))
+                direct_ms.append(await python_subprocess(real_python, script, str(ctx.workdir)))
+
+            async def lemon() -> None:
+                elapsed, result = await timed_run(ec, TRIVIAL_SCRIPT, scope)
+                lemon_ms.append(elapsed)
+                source = str(result.details.get("kernel_source"))
+                sources[source] = sources.get(source, 0) + 1
+
+            first, second = (lemon, baselines) if i % 2 == 0 else (baselines, lemon)
+            await first()
+            await second()
+    lemon_p50 = statistics.median(lemon_ms)
+    sub_p50 = statistics.median(sub_ms)
+    report.figure("per_call_p50_ms", lemon_p50, lemon_ms)
+    report.figure("python_subprocess_p50_ms", sub_p50, sub_ms)
+    report.figure("per_call_ratio", lemon_p50 / sub_p50)
+    report.context("per_call_spacing_s", plan.per_call_spacing_s)
+    report.context("per_call_kernel_sources", sources)
+    report.context("per_call_baseline_not_quiet", not_quiet)
+    report.context("python_subprocess_interpreter", ctx.interpreter)
+    if real_python != ctx.interpreter:
+        direct_p50 = statistics.median(direct_ms)
+        report.context("python_direct_subprocess_interpreter", real_python)
+        report.context("python_direct_subprocess_p50_ms", direct_p50)
+        report.context("per_call_ratio_vs_direct", lemon_p50 / direct_p50)
+
+
+async def bench_sustained(ctx: Context) -> None:
+    """per_call_sustained_per_s: back-to-back per-call runs (default pool of one spare)."""
+    plan, report = ctx.plan, ctx.report
+    scope = ctx.scope("bench-sustained")
+    sources: dict[str, int] = {}
+    durations: list[float] = []
+    async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
+        await timed_run(ec, TRIVIAL_SCRIPT, scope)
+        await asyncio.sleep(plan.settle_s)
+        await wait_quiet(ec, 1, 30)
+        start = time.monotonic()
+        end = start + plan.sustained_s
+        while time.monotonic() < end:
+            elapsed, result = await timed_run(ec, TRIVIAL_SCRIPT, scope)
+            durations.append(elapsed)
+            source = str(result.details.get("kernel_source"))
+            sources[source] = sources.get(source, 0) + 1
+        wall = time.monotonic() - start
+    report.figure("per_call_sustained_per_s", len(durations) / wall)
+    report.stats["per_call_sustained_per_s"] = {"n": len(durations), "seconds": round(wall, 2),
+                                                "run_ms": summarize(durations)}
+    report.context("sustained_kernel_sources", sources)
+
+
+async def bench_cold(ctx: Context) -> None:
+    """cold_start_p50_ms (no spare) against a plain ipykernel's cold start, alternating.
+
+    When this lemon_exec has a ``fork_server`` setting, cold starts without it are measured
+    too (context ``cold_start_no_fork_server_p50_ms``), in the same alternation.
+    """
+    plan, report = ctx.plan, ctx.report
+    scope = ctx.scope("bench-cold")
+    samples: dict[str, list[float]] = {"lemon": [], "lemon_no_fork": [], "raw": []}
+    fork_variant = has_setting("fork_server")
+    async with contextlib.AsyncExitStack() as stack:
+        lemon = await stack.enter_async_context(
+            ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=0)))
+        plain: ExecuteCode | None = None
+        if fork_variant:
+            plain = await stack.enter_async_context(ExecuteCode(
+                lemon_config(kernel_mode="per_call", warm_kernels=0, fork_server=False)))
+        facades = [lemon] if plain is None else [lemon, plain]
+
+        async def quiet() -> None:
+            for ec in facades:
+                await wait_quiet(ec, 0, 30)
+
+        for ec in facades:  # warm the host side (imports, staging, a fork server if any)
+            await timed_run(ec, TRIVIAL_SCRIPT, scope)
+        await asyncio.sleep(plan.settle_s)
+        await quiet()
+        _, result = await timed_run(lemon, "import os\nprint(os.getppid())", scope)
+        parent = int(result.content.strip().splitlines()[-1])
+        report.context("cold_start_kernel_parent",
+                       "host" if parent == os.getpid() else cmdline(parent) or str(parent))
+
+        async def run_lemon(ec: ExecuteCode, key: str) -> None:
+            await quiet()
+            elapsed, result = await timed_run(ec, TRIVIAL_SCRIPT, scope)
+            if result.details.get("kernel_source") != "cold":
+                raise RuntimeError(f"expected a cold kernel: {result.details}")
+            samples[key].append(elapsed)
+
+        async def run_raw() -> None:
+            await quiet()
+            t0 = time.perf_counter()
+            kernel = await RawKernel.start(ctx.interpreter, str(ctx.workdir))
+            try:
+                out = await kernel.execute("print(1)")
+                samples["raw"].append((time.perf_counter() - t0) * 1000)
+            finally:
+                await kernel.aclose()
+            if out.strip() != "1":
+                raise RuntimeError(f"plain ipykernel printed {out!r}")
+
+        steps: list[Callable[[], Awaitable[None]]] = [lambda: run_lemon(lemon, "lemon"), run_raw]
+        if plain is not None:
+            steps.append(lambda: run_lemon(plain, "lemon_no_fork"))
+        for i in range(plan.cold_samples):
+            shift = i % len(steps)  # rotate the order every round
+            for step in steps[shift:] + steps[:shift]:
+                await step()
+    report.figure("cold_start_p50_ms", statistics.median(samples["lemon"]), samples["lemon"])
+    report.context("raw_jupyter_cold_start_p50_ms", statistics.median(samples["raw"]))
+    report.stats["raw_jupyter_cold_start_ms"] = summarize(samples["raw"])
+    if samples["lemon_no_fork"]:
+        report.context("cold_start_no_fork_server_p50_ms",
+                       statistics.median(samples["lemon_no_fork"]))
+        report.stats["cold_start_no_fork_server_ms"] = summarize(samples["lemon_no_fork"])
+
+
+async def bench_session(ctx: Context) -> None:
+    """session_rtt_p50_ms against raw_jupyter_rtt_p50_ms, alternating, both kernels warm."""
+    plan, report = ctx.plan, ctx.report
+    scope = ctx.scope("bench-session")
+    lemon_ms: list[float] = []
+    raw_ms: list[float] = []
+    async with ExecuteCode(lemon_config(kernel_mode="session", warm_kernels=0)) as ec:
+        raw = await RawKernel.start(ctx.interpreter, str(ctx.workdir))
+        try:
+            for _ in range(20):  # warm-up
+                await timed_run(ec, TRIVIAL_CELL, scope)
+                await raw.execute(TRIVIAL_CELL)
+            for i in range(plan.session_pairs):
+
+                async def lemon() -> None:
+                    lemon_ms.append((await timed_run(ec, TRIVIAL_CELL, scope))[0])
+
+                async def plain() -> None:
+                    t0 = time.perf_counter()
+                    await raw.execute(TRIVIAL_CELL)
+                    raw_ms.append((time.perf_counter() - t0) * 1000)
+
+                first, second = (lemon, plain) if i % 2 == 0 else (plain, lemon)
+                await first()
+                await second()
+        finally:
+            await raw.aclose()
+    lemon_p50 = statistics.median(lemon_ms)
+    raw_p50 = statistics.median(raw_ms)
+    report.figure("session_rtt_p50_ms", lemon_p50, lemon_ms)
+    report.figure("raw_jupyter_rtt_p50_ms", raw_p50, raw_ms)
+    report.figure("session_ratio", lemon_p50 / raw_p50)
+
+
+HELPER_RTT_SCRIPT = """\
+import json, time
+path = {path!r}
+for _ in range(20):
+    read(path)
+samples = []
+for _ in range({calls}):
+    t0 = time.perf_counter()
+    read(path)
+    samples.append((time.perf_counter() - t0) * 1000)
+text({marker!r} + json.dumps(samples))
+"""
+
+BATCH_SCRIPT = """\
+import json, time
+calls = [("read", {{"path": {path!r}}}) for _ in range(100)]
+assert len(batch(calls)) == 100
+samples = []
+for _ in range({reps}):
+    t0 = time.perf_counter()
+    out = batch(calls)
+    samples.append((time.perf_counter() - t0) * 1000)
+    assert len(out) == 100
+text({marker!r} + json.dumps(samples))
+"""
+
+TEXT_SCRIPT = """\
+import json, time
+block = "y" * {block_bytes}
+text(block)
+t0 = time.perf_counter()
+for _ in range({blocks}):
+    text(block)
+elapsed = time.perf_counter() - t0
+text({marker!r} + json.dumps({{"seconds": elapsed, "bytes": {blocks} * len(block)}}))
+"""
+
+
+async def bench_helpers(ctx: Context) -> None:
+    """helper_rtt_p50_ms, batch_100_ms and text_mb_per_s, each timed inside the script."""
+    plan, report = ctx.plan, ctx.report
+    tiny = ctx.workdir / "tiny.txt"
+    tiny.write_text("hello from the benchmark\n")
+    block_bytes = 200_000
+    config = lemon_config(
+        kernel_mode="session", warm_kernels=0, max_parallel_rpc=4, max_rpc_calls=1_000_000,
+        max_rpc_result_bytes=1 << 30, max_text_bytes=(plan.text_blocks + 2) * block_bytes * 2,
+    )
+    scope = ctx.scope("bench-helpers")
+    rtt: list[float] = []
+    batches: list[float] = []
+    rates: list[float] = []
+    async with ExecuteCode(config) as ec:
+        await timed_run(ec, "pass", scope)
+        for _ in range(plan.helper_runs):
+            _, result = await timed_run(ec, HELPER_RTT_SCRIPT.format(
+                path=str(tiny), calls=plan.helper_calls, marker=RESULT_MARKER), scope)
+            rtt.extend(script_json(result))
+        _, result = await timed_run(ec, BATCH_SCRIPT.format(
+            path=str(tiny), reps=plan.batch_reps, marker=RESULT_MARKER), scope)
+        batches.extend(script_json(result))
+        for _ in range(plan.text_runs):
+            _, result = await timed_run(ec, TEXT_SCRIPT.format(
+                block_bytes=block_bytes, blocks=plan.text_blocks, marker=RESULT_MARKER), scope)
+            data = script_json(result)
+            rates.append(data["bytes"] / MIB / data["seconds"])
+    report.figure("helper_rtt_p50_ms", statistics.median(rtt), rtt)
+    report.figure("batch_100_ms", statistics.median(batches), batches)
+    report.figure("text_mb_per_s", statistics.median(rates), rates)
+    report.context("text_block_bytes", block_bytes)
+
+
+async def bench_flood(ctx: Context) -> None:
+    """flood_host_rss_growth_mb, measured in a fresh host process (a clean RSS baseline)."""
+    plan, report = ctx.plan, ctx.report
+    growth: list[float] = []
+    hwm_growth: list[float] = []
+    seconds: list[float] = []
+    for _ in range(plan.flood_runs):
+        data = await run_child("flood", ctx.workdir)
+        growth.append(data["growth_mib"])
+        if data.get("hwm_growth_mib") is not None:
+            hwm_growth.append(data["hwm_growth_mib"])
+        seconds.append(data["seconds"])
+        report.context("flood_truncated", data["truncated"])
+        report.context("flood_rss_samples", data["samples"])
+    report.figure("flood_host_rss_growth_mb", max(growth), growth)
+    report.context("flood_ms", statistics.median(seconds) * 1000)
+    report.context("flood_mib_per_s", FLOOD_BYTES / MIB / statistics.median(seconds))
+    if hwm_growth:
+        report.context("flood_host_hwm_growth_mb", max(hwm_growth))
+
+
+async def child_flood(workdir: Path) -> dict[str, Any]:
+    """In a fresh process: warm up, then print 100 MiB and watch this process's RSS."""
+    scope = SessionScope("bench-flood", "bench", str(workdir))
+    async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
+        await timed_run(ec, "print('warm-up ' * 1000)", scope)
+        await asyncio.sleep(1.0)
+        await wait_quiet(ec, 1, 30)
+        gc.collect()
+        before = rss_kib()
+        hwm_reset = _reset_hwm()
+        with RssSampler(0.02) as sampler:
+            t0 = time.perf_counter()
+            result = await ec.run(FLOOD_SCRIPT, scope=scope)
+            seconds = time.perf_counter() - t0
+        hwm = hwm_kib() if hwm_reset else None
+        if result.details.get("exit_code") != 0:
+            raise RuntimeError(f"flood script failed: {result.content[:300]!r}")
+        return {
+            "growth_mib": (sampler.peak_kib - before) / 1024,
+            "hwm_growth_mib": None if hwm is None else (hwm - before) / 1024,
+            "before_mib": before / 1024,
+            "seconds": seconds,
+            "samples": sampler.samples,
+            "truncated": bool(result.details.get("truncated")),
+        }
+
+
+def _reset_hwm() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+async def bench_idle(ctx: Context) -> None:
+    """idle_kernel_rss_mb of a session kernel (and of a plain ipykernel, for context)."""
+    report = ctx.report
+    scope = ctx.scope("bench-idle")
+    async with ExecuteCode(lemon_config(kernel_mode="session", warm_kernels=0)) as ec:
+        _, result = await timed_run(ec, "import os\nprint(os.getpid())", scope)
+        pid = int(result.content.strip().splitlines()[-1])
+        raw = await RawKernel.start(ctx.interpreter, str(ctx.workdir))
+        try:
+            raw_pid = int((await raw.execute("import os\nprint(os.getpid())")).strip())
+            await asyncio.sleep(1.0)  # let both settle into idle
+            lemon_mib, lemon_procs = tree_rss_mib(pid)
+            lemon_pss = tree_pss_uss_mib(pid)
+            raw_mib, raw_procs = tree_rss_mib(raw_pid)
+            raw_pss = tree_pss_uss_mib(raw_pid)
+            mine = {raw_pid, *descendants(raw_pid)}
+            helpers = [{"pid": p, "rss_mib": round(rss_kib(p) / 1024, 1), "cmd": cmdline(p)}
+                       for p in descendants(os.getpid()) if p not in mine]
+        finally:
+            await raw.aclose()
+    report.figure("idle_kernel_rss_mb", lemon_mib)
+    report.context("idle_kernel_processes", lemon_procs)
+    if lemon_pss is not None:
+        report.context("idle_kernel_pss_mb", lemon_pss[0])
+        report.context("idle_kernel_uss_mb", lemon_pss[1])
+    report.context("raw_ipykernel_idle_rss_mb", raw_mib)
+    report.context("raw_ipykernel_processes", raw_procs)
+    if raw_pss is not None:
+        report.context("raw_ipykernel_idle_pss_mb", raw_pss[0])
+    report.context("host_child_processes", helpers)
+
+
+async def bench_sessions16(ctx: Context) -> None:
+    """sessions16_cells_per_s: 16 session kernels each running trivial cells back to back."""
+    plan, report = ctx.plan, ctx.report
+    scopes = [ctx.scope(f"bench-s16-{i}") for i in range(16)]
+    counts = [0] * 16
+    async with ExecuteCode(lemon_config(kernel_mode="session", warm_kernels=0,
+                                        max_live_kernels=16)) as ec:
+        t0 = time.monotonic()
+        await asyncio.gather(*(timed_run(ec, "x = 0", s) for s in scopes))
+        report.context("sessions16_startup_s", time.monotonic() - t0)
+        for _ in range(3):  # warm-up rounds
+            await asyncio.gather(*(timed_run(ec, "x += 1", s) for s in scopes))
+        start = time.monotonic()
+        end = start + plan.sessions16_s
+
+        async def worker(i: int) -> None:
+            while time.monotonic() < end:
+                await timed_run(ec, "x += 1", scopes[i])
+                counts[i] += 1
+
+        await asyncio.gather(*(worker(i) for i in range(16)))
+        wall = time.monotonic() - start
+        live = ec.snapshot()["live"]
+    report.figure("sessions16_cells_per_s", sum(counts) / wall)
+    report.stats["sessions16_cells_per_s"] = {"n": sum(counts), "seconds": round(wall, 2),
+                                              "per_session_min": min(counts),
+                                              "per_session_max": max(counts)}
+    report.context("sessions16_live_kernels", live)
+
+
+BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
+    "per_call": bench_per_call,
+    "sustained": bench_sustained,
+    "cold": bench_cold,
+    "session": bench_session,
+    "helpers": bench_helpers,
+    "flood": bench_flood,
+    "idle": bench_idle,
+    "sessions16": bench_sessions16,
+}
+
+
+# -- child processes ------------------------------------------------------------------------------
+
+
+async def run_child(name: str, workdir: Path, timeout: float = 120) -> dict[str, Any]:
+    """Run ``bench/run.py --child NAME`` and return the JSON it prints; killed on any exit."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(Path(__file__).resolve()), "--child", name,
+        "--workdir", str(workdir),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+    )
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout)
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()  # the child closes its kernels on SIGTERM
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+    if proc.returncode != 0:
+        raise RuntimeError(f"child {name} exited with {proc.returncode}")
+    return json.loads(out)
+
+
+CHILDREN: dict[str, Callable[[Path], Awaitable[dict[str, Any]]]] = {"flood": child_flood}
+
+
+# -- driver ---------------------------------------------------------------------------------------
+
+
+async def _sleep_until(when: float) -> None:
+    delay = when - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+
+
+def _cancel_on_sigterm() -> None:
+    """Turn SIGTERM into cancellation of the running task, so ``async with`` cleans up."""
+    task = asyncio.current_task()
+    if task is None:
+        return
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
+
+
+def select_groups(only: str | None) -> list[str]:
+    """The groups to run for ``--only`` (figure or group names, comma separated)."""
+    if not only:
+        return list(GROUPS)
+    wanted: set[str] = set()
+    for name in (n.strip() for n in only.split(",") if n.strip()):
+        if name in FIGURES:
+            wanted.add(FIGURES[name][1])
+        elif name in BENCHES:
+            wanted.add(name)
+        else:
+            raise SystemExit(f"bench: unknown figure or group {name!r} (see --list)")
+    return [g for g in GROUPS if g in wanted]
+
+
+async def amain(args: argparse.Namespace) -> dict[str, Any]:
+    _cancel_on_sigterm()
+    plan = Plan.make(args.quick)
+    groups = select_groups(args.only)
+    interpreter = lemon_config().resolve_python()
+    machine = machine_info(interpreter)
+    report = Report()
+    started = time.monotonic()
+    log(f"{'quick' if plan.quick else 'full'} run of {', '.join(groups)}; "
+        f"load average {machine['loadavg_start']}")
+    with tempfile.TemporaryDirectory(prefix="lemon-bench-") as tmp:
+        ctx = Context(plan=plan, report=report, workdir=Path(tmp), interpreter=interpreter)
+        for group in groups:
+            t0 = time.monotonic()
+            log(f"{group} ...")
+            try:
+                await asyncio.wait_for(BENCHES[group](ctx), plan.group_timeout_s)
+            except (Exception, asyncio.TimeoutError) as exc:
+                message = f"{type(exc).__name__}: {exc}"[:500]
+                log(f"{group} failed: {message}")
+                for name, (_unit, g) in FIGURES.items():
+                    if g == group and name not in report.figures:
+                        report.errors[name] = message
+            log(f"{group} done in {time.monotonic() - t0:.1f} s")
+    machine["loadavg_end"] = _loadavg()
+    out: dict[str, Any] = {name: report.figures.get(name) for name, (_u, g) in FIGURES.items()
+                           if g in groups}
+    out["machine"] = machine
+    out["targets"] = {
+        name: {"op": op, "value": limit, "pass": verdict(name, report.figures.get(name))}
+        for name, (op, limit) in TARGETS.items() if FIGURES[name][1] in groups
+    }
+    out["stats"] = report.stats
+    out["extra"] = report.extra
+    out["errors"] = report.errors
+    out["run"] = {"quick": plan.quick, "groups": groups,
+                  "seconds": round(time.monotonic() - started, 1),
+                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    table = format_table(report)
+    print(table, file=sys.stderr if args.json else sys.stdout, flush=True)
+    if not args.json:
+        print(f"\nmachine: {json.dumps(machine)}\nrun: {json.dumps(out['run'])}", flush=True)
+    return out
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer samples (under a minute)")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON object on stdout; everything else on stderr")
+    parser.add_argument("--only", metavar="NAME[,NAME]",
+                        help="run only the groups measuring these figures (or groups)")
+    parser.add_argument("--list", action="store_true", help="list figures and groups, then exit")
+    parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+async def _child_main(name: str, workdir: Path) -> dict[str, Any]:
+    _cancel_on_sigterm()
+    return await CHILDREN[name](workdir)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for name, (unit, group) in FIGURES.items():
+            target = TARGETS.get(name)
+            print(f"{name:28} {unit:8} group={group:11} "
+                  f"{'target ' + target[0] + ' ' + _num(target[1]) if target else ''}")
+        return 0
+    try:
+        if args.child:
+            workdir = Path(args.workdir or tempfile.gettempdir())
+            result = asyncio.run(_child_main(args.child, workdir))
+            print(json.dumps(result), flush=True)
+            return 0
+        out = asyncio.run(amain(args))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log("interrupted; kernels stopped")
+        return 130
+    if args.json:
+        print(json.dumps(out), flush=True)
+    return 1 if out["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+"""``lemon-exec mcp``: serve execute_code and the shell tools as an MCP server.
+
+Starting the server is the user's explicit opt-in, so execute_code is offered unless the
+config file or the environment disables it explicitly (then only the shell tools are served).
+
+Exit status: 0 after stdin closed (stdio) or a clean HTTP shutdown, 2 for usage and
+configuration errors (bad config, bad --http address, a non-loopback host without
+--allow-remote, the ``mcp`` package missing), 128 + N after signal N (130 Ctrl-C, 143 SIGTERM),
+once every kernel has been stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from typing import Any
+
+from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.errors import LemonExecError
+
+__all__ = ["mcp_command", "register"]
+
+EXIT_USAGE = 2
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``mcp`` subcommand to the ``lemon-exec`` parser."""
+    parser = subparsers.add_parser(
+        "mcp",
+        help="serve execute_code, execute_command and restart_session over MCP",
+        description=(
+            "Serve the execute_code tool and the shell tools (execute_command, "
+            "restart_session) as a Model Context Protocol server, over stdio by default. "
+            "execute_code is enabled unless the config file or LEMON_EXECUTE_CODE_ENABLED "
+            "disables it; when disabled, only the shell tools are offered. Every tool runs "
+            "code with this user's permissions: this is not a sandbox."
+        ),
+        epilog=(
+            "exit status: 0 stdin closed or clean shutdown, 2 usage or configuration error, "
+            "130/143 stopped by SIGINT/SIGTERM (kernels are stopped first)"
+        ),
+    )
+    parser.add_argument(
+        "--only",
+        choices=("shell",),
+        default=None,
+        help="serve only the shell tools, under the server name code-execution-tools",
+    )
+    parser.add_argument(
+        "--http",
+        metavar="HOST:PORT",
+        default=None,
+        help="serve streamable HTTP at http://HOST:PORT/mcp instead of stdio "
+        "(IPv6 as [::1]:PORT); HOST must be loopback unless --allow-remote",
+    )
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="allow a non-loopback --http host. The tools have bash-equivalent authority "
+        "and the endpoint has no authentication: anyone who reaches the port can run code",
+    )
+    parser.add_argument(
+        "--config",
+        metavar="PATH",
+        default=None,
+        help="TOML file with a [runtime.tools.execute_code] table",
+    )
+    parser.set_defaults(func=mcp_command)
+
+
+def mcp_command(args: argparse.Namespace) -> int:
+    """Build the server from ``args`` and serve it until it stops; return the exit status."""
+    if importlib.util.find_spec("mcp") is None:
+        _error("the MCP server needs the mcp package: pip install 'lemon_exec[mcp]'")
+        return EXIT_USAGE
+    from lemon_exec.mcp import (
+        RemoteHostRefused,
+        build_server,
+        parse_http_address,
+        run_http,
+        run_stdio,
+    )
+
+    address: tuple[str, int] | None = None
+    if args.http is not None:
+        try:
+            address = parse_http_address(args.http)
+        except ValueError as exc:
+            _error(f"--http: {exc}")
+            return EXIT_USAGE
+    elif args.allow_remote:
+        _error("--allow-remote only applies to --http")
+        return EXIT_USAGE
+    try:
+        config = ExecuteCodeConfig.load(args.config, default_enabled=True)
+    except LemonExecError as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+
+    server = build_server(config, only_shell=args.only == "shell")
+    if address is None:
+        return run_stdio(server)
+    try:
+        return run_http(server, *address, allow_remote=args.allow_remote)
+    except RemoteHostRefused as exc:
+        _error(str(exc))
+        return EXIT_USAGE
+
+
+def _error(message: str) -> None:
+    text = message if message.startswith("lemon-exec") else f"lemon-exec mcp: {message}"
+    print(text, file=sys.stderr)

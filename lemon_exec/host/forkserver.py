@@ -1,0 +1,235 @@
+"""Host side of the fork server: start the template, ask it for kernels, track their exits.
+
+A :class:`ForkServer` per interpreter runs ``python -m lemon_exec.kernel.forkserver`` and
+talks to it over a socketpair (see that module for the protocol). jupyter_client reaches it
+through :class:`ForkServerProvisioner`, a kernel provisioner (entry point
+``lemon-forkserver``) that launches by fork request instead of Popen and otherwise behaves
+like the LocalProvisioner: same process-group signalling, same cleanup. When no fork server
+is ready the provisioner falls back to a normal launch, so it can never make a start fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from typing import Any
+
+from jupyter_client.provisioning import LocalProvisioner
+from traitlets import Unicode
+
+log = logging.getLogger(__name__)
+
+_READY_TIMEOUT_S = 15.0
+_REQUEST_TIMEOUT_S = 5.0
+
+#: Fork servers by id, so the provisioner (built by jupyter_client) can find its server.
+_SERVERS: dict[str, ForkServer] = {}
+
+
+class ForkServer:
+    """One template process for one interpreter and environment."""
+
+    def __init__(self, server_id: str, interpreter: str, env: dict[str, str], cwd: str) -> None:
+        self.server_id = server_id
+        self.interpreter = interpreter
+        self._env = env
+        self._cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._sock: socket.socket | None = None
+        self._ready = asyncio.get_running_loop().create_future()
+        self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self._lock = asyncio.Lock()
+        self._exits: dict[int, int] = {}
+        self._children: set[int] = set()
+        self._task: asyncio.Task[None] | None = None
+        self.started = False
+        _SERVERS[server_id] = self
+
+    async def start(self) -> None:
+        """Launch the template and read its messages in the background."""
+        self.started = True
+        host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._proc = subprocess.Popen(
+                [self.interpreter, "-m", "lemon_exec.kernel.forkserver",
+                 "--fd", str(child_sock.fileno())],
+                pass_fds=(child_sock.fileno(),), env=self._env, cwd=self._cwd,
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        finally:
+            child_sock.close()
+        self._sock = host_sock
+        host_sock.setblocking(False)
+        self._reader, self._writer = await asyncio.open_unix_connection(sock=host_sock)
+        self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @property
+    def ready(self) -> bool:
+        return self._ready.done() and not self._ready.exception() and self.alive
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    async def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
+        try:
+            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except (asyncio.TimeoutError, Exception):
+            return False
+        return self.alive
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        try:
+            while True:
+                line = await self._reader.readline()
+                if not line:
+                    break
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    continue
+                if "exit" in msg:
+                    pid = int(msg["exit"])
+                    self._exits[pid] = int(msg["status"])
+                    self._children.discard(pid)
+                elif "ready" in msg:
+                    if not self._ready.done():
+                        self._ready.set_result(None)
+                else:
+                    self._replies.put_nowait(msg)
+        finally:
+            if not self._ready.done():
+                self._ready.set_exception(RuntimeError("fork server exited before ready"))
+            self._replies.put_nowait({"error": "fork server exited"})
+
+    async def fork(self, argv: list[str], env: dict[str, str], cwd: str,
+                   stderr_fd: int | None) -> int:
+        """Ask the template for a kernel; returns the child's pid."""
+        assert self._sock is not None
+        payload = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
+        async with self._lock:
+            fd = stderr_fd if stderr_fd is not None else os.open(os.devnull, os.O_WRONLY)
+            try:
+                # A request is a few KiB; a socketpair's buffer takes it without blocking.
+                socket.send_fds(self._sock, [payload], [fd])
+            finally:
+                if stderr_fd is None:
+                    os.close(fd)
+            reply = await asyncio.wait_for(self._replies.get(), _REQUEST_TIMEOUT_S)
+        if "pid" not in reply:
+            raise OSError(f"fork server could not start a kernel: {reply.get('error')}")
+        pid = int(reply["pid"])
+        self._children.add(pid)
+        return pid
+
+    def exit_status(self, pid: int) -> int | None:
+        return self._exits.get(pid)
+
+    def kill_sync(self) -> None:
+        """Kill the template and every kernel it forked (exit-time cleanup)."""
+        for pid in list(self._children):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        if self._proc is not None and self._proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self._proc.kill()
+        _SERVERS.pop(self.server_id, None)
+
+    async def aclose(self) -> None:
+        """Stop the template (it kills its remaining children when its socket closes)."""
+        _SERVERS.pop(self.server_id, None)
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._proc is not None:
+            deadline = time.monotonic() + 1.0
+            while self._proc.poll() is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            if self._proc.poll() is None:
+                self._proc.kill()
+                await asyncio.get_running_loop().run_in_executor(None, self._proc.wait)
+
+
+class ForkedProcess:
+    """The Popen surface LocalProvisioner uses, for a kernel forked by the template."""
+
+    def __init__(self, server: ForkServer, pid: int) -> None:
+        self._server = server
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin = self.stdout = self.stderr = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            status = self._server.exit_status(self.pid)
+            if status is not None:
+                self.returncode = status
+            elif not _exists(self.pid):
+                self.returncode = -signal.SIGKILL  # gone without a report: the template died
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
+            time.sleep(0.005)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class ForkServerProvisioner(LocalProvisioner):  # type: ignore[misc]
+    """Launches kernels through a ready :class:`ForkServer`, else like LocalProvisioner."""
+
+    server_id = Unicode("", config=True, help="Id of the ForkServer to launch kernels with.")
+
+    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
+        server = _SERVERS.get(self.server_id)
+        if server is None or not server.ready or len(cmd) < 3 or cmd[1:3] != [
+                "-m", "lemon_exec.kernel"]:
+            return await super().launch_kernel(cmd, **kwargs)
+        env = kwargs.get("env") or dict(os.environ)
+        cwd = str(kwargs.get("cwd") or os.getcwd())
+        stderr = kwargs.get("stderr")
+        pid = await server.fork(cmd[3:], env, cwd, stderr if isinstance(stderr, int) else None)
+        self.process = ForkedProcess(server, pid)
+        self.pid = pid
+        self.pgid = pid  # the child called setsid(): it leads its own process group
+        self.cwd = cwd
+        return self.connection_info

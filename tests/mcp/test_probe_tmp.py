@@ -1,0 +1,4 @@
+import mcp
+def test_x():
+    print(mcp.__file__, __name__)
+    assert hasattr(mcp, "Client")
