@@ -133,14 +133,29 @@ class ExecuteCode:
             if owner is None and scope is not None and scope.complete:
                 owner = self._default_owner(scope)
             result = await run_in_session(
-                engine, script, owner=owner, scope=scope, interpreter=interpreter, cwd=cwd,
-                deadline=deadline, timeout_ms=effective_ms, reset=reset, abort=abort,
-                on_update=on_update, details=details,
+                engine,
+                script,
+                owner=owner,
+                scope=scope,
+                interpreter=interpreter,
+                cwd=cwd,
+                deadline=deadline,
+                timeout_ms=effective_ms,
+                reset=reset,
+                abort=abort,
+                on_update=on_update,
+                details=details,
             )
         else:
             result = await engine.run_per_call(
-                script, interpreter=interpreter, cwd=cwd, deadline=deadline,
-                timeout_ms=effective_ms, abort=abort, on_update=on_update, details=details,
+                script,
+                interpreter=interpreter,
+                cwd=cwd,
+                deadline=deadline,
+                timeout_ms=effective_ms,
+                abort=abort,
+                on_update=on_update,
+                details=details,
             )
         result.details["duration_ms"] = int((time.monotonic() - entered) * 1000)
         self._emit_stop(result)
@@ -154,12 +169,22 @@ class ExecuteCode:
     def snapshot(self) -> dict[str, Any]:
         """Aggregate kernel counts (no identities): the session registry plus spares."""
         engine = self._engine
-        sessions = engine.sessions.snapshot() if engine and engine.sessions else {
-            "live": 0, "capacity": self.config.max_live_kernels,
-            "phases": {"starting": 0, "idle": 0, "running": 0, "stopping": 0}, "owners": 0,
-            "forks": 0, "queued": 0, "evicted_total": 0, "reaped_total": 0,
-            "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
-            "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel}
+        sessions = (
+            engine.sessions.snapshot()
+            if engine and engine.sessions
+            else {
+                "live": 0,
+                "capacity": self.config.max_live_kernels,
+                "phases": {"starting": 0, "idle": 0, "running": 0, "stopping": 0},
+                "owners": 0,
+                "forks": 0,
+                "queued": 0,
+                "evicted_total": 0,
+                "reaped_total": 0,
+                "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
+                "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel,
+            }
+        )
         sessions["spares"] = engine.pool.spare_count if engine else 0
         sessions["kernels_total"] = engine.live_kernels if engine else 0
         return sessions
@@ -215,8 +240,7 @@ class ExecuteCode:
                 "create one facade per loop (or use run_sync from threads)"
             )
         if self._engine is None:
-            self._engine = Engine(self.config, self._tool_host, self.telemetry,
-                                  self._staging_base)
+            self._engine = Engine(self.config, self._tool_host, self.telemetry, self._staging_base)
         return self._engine
 
     def _registry(self, engine: Engine) -> SessionRegistry:
@@ -252,9 +276,18 @@ class ExecuteCode:
         d = result.details
         self.telemetry.emit(
             "execute_code.stop",
-            {k: d.get(k, 0) or 0 for k in ("duration_ms", "rpc_calls", "rpc_denied",
-                                           "rpc_errors", "rpc_bytes", "text_blocks",
-                                           "notifications")},
+            {
+                k: d.get(k, 0) or 0
+                for k in (
+                    "duration_ms",
+                    "rpc_calls",
+                    "rpc_denied",
+                    "rpc_errors",
+                    "rpc_bytes",
+                    "text_blocks",
+                    "notifications",
+                )
+            },
             {
                 "mode": d.get("mode"),
                 "outcome": _outcome(d),
@@ -283,8 +316,9 @@ class _LoopThread:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name="lemon-exec-loop",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="lemon-exec-loop", daemon=True
+        )
         self._thread.start()
 
     def call(self, coro: Coroutine[Any, Any, T]) -> T:

@@ -49,8 +49,11 @@ def headline(cell: CellResult, timeout_ms: int) -> str | None:
     if cell.end == "exit":
         return f"Script exited with code {cell.exit_code}"
     if cell.end == "exception":
-        return f"Script raised {cell.ename}: {cell.evalue}" if cell.evalue else (
-            f"Script raised {cell.ename}")
+        return (
+            f"Script raised {cell.ename}: {cell.evalue}"
+            if cell.evalue
+            else (f"Script raised {cell.ename}")
+        )
     if cell.end == "timeout":
         return f"Script timed out after {timeout_ms}ms."
     if cell.end == "cancelled":
@@ -60,8 +63,9 @@ def headline(cell: CellResult, timeout_ms: int) -> str | None:
     return None
 
 
-def build_result(cell: CellResult, *, timeout_ms: int, details: dict[str, Any],
-                 notes: list[str] | None = None) -> ExecuteCodeResult:
+def build_result(
+    cell: CellResult, *, timeout_ms: int, details: dict[str, Any], notes: list[str] | None = None
+) -> ExecuteCodeResult:
     """Assemble content, details and trust for a cell that ran."""
     head = headline(cell, timeout_ms)
     output = format_truncated_output(cell.output) if cell.output.text else ""
@@ -95,8 +99,9 @@ def build_result(cell: CellResult, *, timeout_ms: int, details: dict[str, Any],
         "notifications": cell.stats.notifications,
         **cell.stats.details(),
     }
-    if cell.end in ("timeout", "cancelled", "crashed"):
-        details[{"timeout": "timed_out", "cancelled": "cancelled", "crashed": "crashed"}[cell.end]] = True
+    flag = {"timeout": "timed_out", "cancelled": "cancelled", "crashed": "crashed"}.get(cell.end)
+    if flag is not None:
+        details[flag] = True
     if cell.output.spill_path is not None:
         details["full_output_path"] = str(cell.output.spill_path)
     return ExecuteCodeResult(content, details, "untrusted" if untrusted else "trusted")

@@ -12,7 +12,7 @@ Event catalogue (name: measurements / metadata):
 - ``kernel.stop``: lifetime_ms, cells / mode, reason (finished | evicted | reaped | discarded |
   reset | owners_gone | closed)
 - ``session.fallback``: / reason (the spec's fallback_reason)
-- ``session.busy``: queued / –
+- ``session.busy``: queued / (none)
 """
 
 from __future__ import annotations

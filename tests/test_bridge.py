@@ -206,7 +206,7 @@ def last_json(content: str) -> Any:
 def test_round_trip_per_helper(ec: ExecuteCode, scope: SessionScope, mode: str) -> None:
     script = (
         "import json\n"
-        "print(json.dumps([read('a.txt'), read(path='a.txt', offset=2), grep('o', '.', "
+        "print(json.dumps([read('a.txt'), read(path='a.txt', offset=2), grep('hello|world', '.', "
         "glob='*.txt'), find('**/*.py'), ls('.'), ls()]))\n"
     )
     with configured(ec, kernel_mode=mode):
@@ -513,7 +513,8 @@ def test_batch_edge_cases(ec: ExecuteCode, scope: SessionScope) -> None:
         "read(path='a.txt')}\n"
         "for bad in ([('nope', {})], [('read',)], [('read', 'a.txt')], "
         "[('read', {'paht': 'a.txt'})]):\n"
-        "    try:\n        batch(bad)\n    except ToolError as e:\n        out[repr(bad)] = str(e)\n"
+        "    try:\n        batch(bad)\n"
+        "    except ToolError as e:\n        out[repr(bad)] = str(e)\n"
         "print(json.dumps(out))\n"
     )
     result = run(ec, scope, script)
@@ -562,7 +563,8 @@ out['replay_real'] = forge(call_frame(1))['error']
 out['unknown'] = forge(call_frame(1002, tool='rm'))['error']
 out['replay_forged'] = forge(call_frame(1002, tool='rm'))['error']
 out['oversized'] = forge(call_frame(1003, params={'path': 'x' * 300_000}))['error']
-out['oversized_bad_token'] = forge(call_frame(1004, token='y', params={'p': 'x' * 300_000}))['error']
+big = {'p': 'x' * 300_000}
+out['oversized_bad_token'] = forge(call_frame(1004, token='y', params=big))['error']
 b._send(call_frame('abc'))
 out['non_int'] = wait_reply(lambda r: r.get('id') == 'abc')['error']
 b._send(call_frame(2.5))
@@ -776,7 +778,7 @@ notify('one')
 b._send({'type': 'notify', 'n': 99, 'token': 'forged', 'msg': 'forged'})
 b._send({'type': 'notify', 'n': 98, 'token': b._token, 'msg': {'not': 'a string'}})
 b._send({'type': 'notify', 'n': 97, 'token': b._token})
-b._send({'type': 'notify', 'n': 96, 'token': b._token, 'msg': 'x' * 300_000})
+b._send({'type': 'notify', 'n': 96, 'token': b._token, 'msg': 'x' * 300_000}, size_checked=True)
 notify('two')
 """
     result = run(ec, scope, script, on_update=updates.append)

@@ -312,8 +312,8 @@ def test_ctrl_c_aborts_the_run_and_cleans_up(
         cwd=tmp_path,
     )
     leak_watch.add_pid(proc.pid)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     try:
-        assert proc.stdin is not None and proc.stderr is not None
         proc.stdin.write(script)
         proc.stdin.close()
         line = proc.stderr.readline()  # blocks until the script is running
@@ -321,11 +321,14 @@ def test_ctrl_c_aborts_the_run_and_cleans_up(
         kernel_pid = int(line.split()[-1])
         time.sleep(0.2)  # let the print reach the host
         os.kill(proc.pid, signal.SIGINT)
-        out, err = proc.communicate(timeout=15)
+        proc.wait(timeout=15)  # the output is far below a pipe's buffer: no deadlock
+        out, err = proc.stdout.read(), proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+        proc.stdout.close()
+        proc.stderr.close()
     assert proc.returncode == 130
     assert out.startswith("Script cancelled.\n")
     assert "partial\n" in out

@@ -75,7 +75,7 @@ def test_every_setting_is_a_documented_config_trait() -> None:
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
-    assert len(keys) == 14
+    assert len(keys) == 15  # the spec's 13, warm_kernels, fork_server
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -163,6 +163,7 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_LIVE_KERNELS": "18",
         "LEMON_EXECUTE_CODE_MAX_QUEUED_CELLS_PER_KERNEL": "19",
         "LEMON_EXECUTE_CODE_WARM_KERNELS": "2",
+        "LEMON_EXECUTE_CODE_FORK_SERVER": "off",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -179,6 +180,7 @@ def test_every_env_variable_is_read() -> None:
         "max_live_kernels": 18,
         "max_queued_cells_per_kernel": 19,
         "warm_kernels": 2,
+        "fork_server": False,
     }
 
 

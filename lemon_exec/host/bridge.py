@@ -13,11 +13,13 @@ import asyncio
 import hmac
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lemon_exec._constants import GRACE_S
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import ToolCall, ToolHost
@@ -26,6 +28,7 @@ log = logging.getLogger(__name__)
 
 AUTH_FAILED = "rpc authentication failed"
 REPLAYED = "rpc request already processed"
+TOO_LARGE = f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)"
 
 
 def new_token() -> str:
@@ -70,7 +73,7 @@ class BridgeLimits:
 
 
 class HostBridge:
-    """Serves one cell's frames. Call :meth:`handle` for each ``comm_msg``; :meth:`aclose` at end."""
+    """Serves one cell's frames: :meth:`handle` each ``comm_msg``, :meth:`aclose` at the end."""
 
     def __init__(
         self,
@@ -134,7 +137,7 @@ class HostBridge:
             self._reply_error(call_id, AUTH_FAILED)
             return
         if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
-            self._reply_error(call_id, f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)")
+            self._reply_error(call_id, TOO_LARGE)
             return
         if not _is_positive_int(call_id):
             self._reply_error(call_id, "rpc request malformed: id must be a positive integer")
@@ -168,7 +171,12 @@ class HostBridge:
         task.add_done_callback(self._tasks.discard)
 
     async def _dispatch(self, call: ToolCall) -> None:
-        async with self._slots:
+        try:
+            await self._slots.acquire()
+        except asyncio.CancelledError:
+            self.stats.errors += 1  # the cell ended while the call waited for a slot
+            raise
+        try:
             try:
                 result = await self._tool_host.invoke(call)
             except ToolDenied as exc:
@@ -187,6 +195,8 @@ class HostBridge:
                 self.stats.errors += 1
                 self._reply_error(call.call_id, f"{call.tool} failed: {type(exc).__name__}")
                 return
+        finally:
+            self._slots.release()
         size = len(result.encode("utf-8", "replace"))
         if self.stats.result_bytes + size > self._limits.max_result_bytes:
             self.stats.errors += 1
@@ -209,6 +219,9 @@ class HostBridge:
         text = data.get("text")
         if not _is_positive_int(n) or not isinstance(text, str):
             return  # malformed: consumed, not counted
+        if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
+            self._reply({"n": n, "ok": False, "error": TOO_LARGE})
+            return
         if n != len(self.text_blocks) + 1:
             self._reply({"n": n, "ok": False, "error": REPLAYED if n <= len(self.text_blocks)
                          else "rpc request malformed: text blocks must be numbered in order"})
@@ -227,6 +240,8 @@ class HostBridge:
         msg = data.get("msg")
         if not self._authentic(data) or not isinstance(msg, str):
             return  # fire-and-forget: forged or malformed notifications are dropped
+        if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
+            return  # the kernel never sends one this large: malformed, not counted
         if self.stats.notifications >= protocol.NOTIFY_MAX_COUNT:
             return
         self.stats.notifications += 1
@@ -253,13 +268,22 @@ class HostBridge:
         return len(self._tasks)
 
     async def aclose(self) -> None:
-        """End the cell: cancel in-flight calls (withdrawing pending approvals) and wait."""
+        """End the cell: cancel in-flight calls (withdrawing pending approvals) and wait.
+
+        The wait is bounded: a tool that ignores cancellation is abandoned after one grace
+        period (its reply is never sent) and the accounting becomes a lower bound.
+        """
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        deadline = time.monotonic() + GRACE_S
+        while pending := [t for t in self._tasks if not t.done()]:
+            for task in pending:
+                task.cancel()  # repeated each round: a swallowed cancel must not hang the cell
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                log.warning("%d tool call(s) ignored cancellation; abandoned", len(pending))
+                self.stats.accounting_loss = True
+                return
+            await asyncio.wait(pending, timeout=min(0.05, remaining))
 
 
 def _is_positive_int(value: Any) -> bool:

@@ -160,15 +160,19 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
 
 async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -> str:
     # asyncio.Events are awaited; threading.Events are polled by the watchdog tick.
-    abort_waits = [asyncio.ensure_future(a.wait()) for a in request.aborts
-                   if isinstance(a, asyncio.Event)]
+    abort_waits = [
+        asyncio.ensure_future(a.wait()) for a in request.aborts if isinstance(a, asyncio.Event)
+    ]
     try:
         while True:
             remaining = request.deadline - time.monotonic()
             if remaining <= 0:
                 return "timeout"
-            await asyncio.wait({sink.done, *abort_waits}, timeout=min(_WATCHDOG_S, remaining),
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {sink.done, *abort_waits},
+                timeout=min(_WATCHDOG_S, remaining),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if sink.done.done():
                 return "ok"
             if any(a.is_set() for a in request.aborts):

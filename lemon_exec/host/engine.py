@@ -67,7 +67,8 @@ class Engine:
             log.warning("spill reaping failed", exc_info=True)
         with contextlib.suppress(RuntimeError):  # no running loop: the next engine reaps
             self._reap_handle = asyncio.get_running_loop().call_later(
-                _SPILL_REAP_INTERVAL_S, self._reap_spills)
+                _SPILL_REAP_INTERVAL_S, self._reap_spills
+            )
 
     def emergency_cleanup(self) -> None:
         """Exit-time cleanup without a loop: kill every kernel, remove the staging root."""
@@ -79,8 +80,9 @@ class Engine:
 
     # -- kernels -------------------------------------------------------------------------------
 
-    async def start_kernel(self, interpreter: str, cwd: str, *, mode: str, source: str = "cold"
-                           ) -> ManagedKernel:
+    async def start_kernel(
+        self, interpreter: str, cwd: str, *, mode: str, source: str = "cold"
+    ) -> ManagedKernel:
         if self._closed:
             raise RefusedError("execute_code: the tool is shutting down")
         started = time.monotonic()
@@ -89,7 +91,10 @@ class Engine:
         ok = False
         try:
             kernel = await ManagedKernel.start(
-                interpreter=interpreter, cwd=cwd, runtime_dir=self.staging.runtime_dir, env=env,
+                interpreter=interpreter,
+                cwd=cwd,
+                runtime_dir=self.staging.runtime_dir,
+                env=env,
                 fork_server_id=server.server_id if server is not None and server.ready else "",
             )
             ok = True
@@ -118,19 +123,24 @@ class Engine:
             return None
         server = self._forkservers.get(interpreter)
         if server is None or (server.started and not server.alive):  # absent, or died
-            server = ForkServer(f"{os.getpid()}-{len(self._forkservers)}-{id(self)}",
-                                interpreter, {**os.environ, **self._kernel_env()},
-                                str(self.staging.work_dir))
+            server = ForkServer(
+                f"{os.getpid()}-{len(self._forkservers)}-{id(self)}",
+                interpreter,
+                {**os.environ, **self._kernel_env()},
+                str(self.staging.work_dir),
+            )
             self._forkservers[interpreter] = server
             self.spawn(server.start())
         return server
 
     async def _start_spare(self, interpreter: str) -> ManagedKernel:
-        return await self.start_kernel(interpreter, str(self.staging.work_dir), mode="per_call",
-                                       source="spare")
+        return await self.start_kernel(
+            interpreter, str(self.staging.work_dir), mode="per_call", source="spare"
+        )
 
-    async def stop(self, kernel: ManagedKernel, *, reason: str, mode: str,
-                   cells_run: int = 1) -> None:
+    async def stop(
+        self, kernel: ManagedKernel, *, reason: str, mode: str, cells_run: int = 1
+    ) -> None:
         """Stop ``kernel`` now: SIGTERM its group, one grace period, then SIGKILL."""
         lifetime = int((time.monotonic() - kernel.started_at) * 1000)
         try:
@@ -138,8 +148,11 @@ class Engine:
         finally:
             self._live.discard(kernel)
             self.index.touch()
-            self.telemetry.emit("kernel.stop", {"lifetime_ms": lifetime, "cells": cells_run},
-                                {"mode": mode, "reason": reason})
+            self.telemetry.emit(
+                "kernel.stop",
+                {"lifetime_ms": lifetime, "cells": cells_run},
+                {"mode": mode, "reason": reason},
+            )
 
     def discard(self, kernel: ManagedKernel, *, reason: str, mode: str, cells_run: int = 1) -> None:
         """Like :meth:`stop`, in the background; tracked so that close waits for it."""
@@ -166,9 +179,17 @@ class Engine:
             max_parallel=c.max_parallel_rpc,
         )
 
-    def cell_request(self, script: str, *, cwd: Path, deadline: float, chdir: bool,
-                     aborts: tuple[Any, ...], on_update: Callable[[str], None] | None,
-                     filename: str = "script.py") -> cells.CellRequest:
+    def cell_request(
+        self,
+        script: str,
+        *,
+        cwd: Path,
+        deadline: float,
+        chdir: bool,
+        aborts: tuple[Any, ...],
+        on_update: Callable[[str], None] | None,
+        filename: str = "script.py",
+    ) -> cells.CellRequest:
         return cells.CellRequest(
             code=script,
             deadline=deadline,
@@ -210,9 +231,14 @@ class Engine:
             kernel.status.phase = "running"
             self.index.touch()
             try:
-                request = self.cell_request(script, cwd=cwd, deadline=deadline, chdir=True,
-                                            aborts=(abort,) if abort is not None else (),
-                                            on_update=on_update)
+                request = self.cell_request(
+                    script,
+                    cwd=cwd,
+                    deadline=deadline,
+                    chdir=True,
+                    aborts=(abort,) if abort is not None else (),
+                    on_update=on_update,
+                )
                 result = await cells.run_cell(kernel, request, self.tool_host)
             finally:
                 # A used kernel is never reused: stopped in the background, off the hot path.
@@ -237,8 +263,9 @@ class Engine:
             await asyncio.gather(*list(self._background), return_exceptions=True)
         await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
         self._live.clear()
-        await asyncio.gather(*(s.aclose() for s in self._forkservers.values()),
-                             return_exceptions=True)
+        await asyncio.gather(
+            *(s.aclose() for s in self._forkservers.values()), return_exceptions=True
+        )
         self._forkservers.clear()
         self.index.close()
         if self._reap_handle is not None:

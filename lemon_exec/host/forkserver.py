@@ -60,10 +60,18 @@ class ForkServer:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._proc = subprocess.Popen(
-                [self.interpreter, "-m", "lemon_exec.kernel.forkserver",
-                 "--fd", str(child_sock.fileno())],
-                pass_fds=(child_sock.fileno(),), env=self._env, cwd=self._cwd,
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                [
+                    self.interpreter,
+                    "-m",
+                    "lemon_exec.kernel.forkserver",
+                    "--fd",
+                    str(child_sock.fileno()),
+                ],
+                pass_fds=(child_sock.fileno(),),
+                env=self._env,
+                cwd=self._cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:
@@ -113,8 +121,9 @@ class ForkServer:
                 self._ready.set_exception(RuntimeError("fork server exited before ready"))
             self._replies.put_nowait({"error": "fork server exited"})
 
-    async def fork(self, argv: list[str], env: dict[str, str], cwd: str,
-                   stderr_fd: int | None) -> int:
+    async def fork(
+        self, argv: list[str], env: dict[str, str], cwd: str, stderr_fd: int | None
+    ) -> int:
         """Ask the template for a kernel; returns the child's pid."""
         assert self._sock is not None
         payload = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
@@ -221,8 +230,12 @@ class ForkServerProvisioner(LocalProvisioner):  # type: ignore[misc]
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         server = _SERVERS.get(self.server_id)
-        if server is None or not server.ready or len(cmd) < 3 or cmd[1:3] != [
-                "-m", "lemon_exec.kernel"]:
+        if (
+            server is None
+            or not server.ready
+            or len(cmd) < 3
+            or cmd[1:3] != ["-m", "lemon_exec.kernel"]
+        ):
             return await super().launch_kernel(cmd, **kwargs)
         env = kwargs.get("env") or dict(os.environ)
         cwd = str(kwargs.get("cwd") or os.getcwd())

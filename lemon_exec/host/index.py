@@ -52,12 +52,18 @@ class KernelIndex:
 
     def write_now(self) -> None:
         self._handle = None
-        data = json.dumps({"pid": os.getpid(), "written_unix": time.time(),
-                           "kernels": [asdict(r) for r in self._rows()]})
+        data = json.dumps(
+            {
+                "pid": os.getpid(),
+                "written_unix": time.time(),
+                "kernels": [asdict(r) for r in self._rows()],
+            }
+        )
         tmp = self.path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
         with contextlib.suppress(OSError):
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
             with os.fdopen(fd, "w") as fh:
                 fh.write(data)
             os.replace(tmp, self.path)
@@ -80,7 +86,7 @@ def read_indexes(base: str | os.PathLike[str] | None = None) -> list[dict[str, A
         index = root / INDEX_NAME
         try:
             st = os.lstat(index)
-            if st.st_uid != os.getuid() or not (st.st_mode & 0o777) == 0o600:
+            if st.st_uid != os.getuid() or (st.st_mode & 0o777) != 0o600:
                 continue
             with open(index, encoding="utf-8") as fh:
                 data = json.load(fh)

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import hmac
 import itertools
+import os
 import secrets
 import time
 import weakref
@@ -70,7 +71,7 @@ class SessionKey:
     def build(cls, scope: SessionScope, cwd: Path, interpreter: str,
               helpers: tuple[str, ...]) -> SessionKey:
         return cls(str(scope.session_id), str(scope.agent_id), str(Path(cwd).resolve()),
-                   canonical_python(interpreter), helpers)
+                   interpreter_identity(interpreter), helpers)
 
     def kernel_id(self, salt: bytes, fork: int) -> str:
         """An opaque id, safe as a file name, that reveals nothing of the key."""
@@ -99,6 +100,7 @@ class SessionKernel:
     last_used: float = field(default_factory=time.monotonic)
     cells_run: int = 0
     lost_reason: str | None = None  # why the previous kernel's state is gone
+    interpreter: str = ""  # the path to launch: a venv's python must not be resolved
 
     @property
     def busy(self) -> bool:
@@ -196,6 +198,7 @@ class SessionRegistry:
         reset: bool,
         deadline: float,
         abort: Any,
+        interpreter: str = "",
     ) -> SessionRun:
         if self._closed:
             raise Fallback("registry_unavailable")
@@ -205,9 +208,14 @@ class SessionRegistry:
         if reset and len(entry.owners) > 1:
             entry = self._fork(owner_id, entry)
             reset_performed = True
+        entry.interpreter = interpreter or key.interpreter
         queued_at = time.monotonic()
         ticket = await self._acquire(entry, owner_id, deadline, abort)
         try:
+            if time.monotonic() >= deadline:
+                # Granted too late: leave without running rather than start a cell that
+                # would time out at once and cost the session its state.
+                raise _QueueLeft("timeout")
             if reset and not reset_performed:
                 await self._reset(entry)
                 reset_performed = True
@@ -353,7 +361,7 @@ class SessionRegistry:
         entry.phase = "starting"
         try:
             entry.kernel = await self._engine.start_kernel(
-                entry.key.interpreter, entry.key.cwd, mode="session")
+                entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session")
         except LemonExecError as exc:
             entry.phase = "empty"
             raise Fallback("startup_failed") from exc
@@ -492,6 +500,19 @@ class SessionRegistry:
                 self._stop_entry(entry, "closed")
 
 
+def interpreter_identity(interpreter: str) -> str:
+    """The interpreter part of a key: its canonical path, plus the venv it runs in.
+
+    A venv's ``bin/python`` is a symlink to the base interpreter; resolved alone it would
+    share a key (and a kernel) with the base install, whose packages differ.
+    """
+    canonical = canonical_python(interpreter)
+    venv = Path(os.path.abspath(interpreter)).parent.parent
+    if (venv / "pyvenv.cfg").is_file():
+        return f"{canonical} (venv {venv.resolve()})"
+    return canonical
+
+
 class _QueueLeft(Exception):
     """A queued call left the queue (its deadline passed or it was aborted)."""
 
@@ -540,7 +561,8 @@ async def run_in_session(
 
         try:
             run = await engine.sessions.execute(
-                owner.owner_id, key, request_for, reset=reset, deadline=deadline, abort=abort)
+                owner.owner_id, key, request_for, reset=reset, deadline=deadline, abort=abort,
+                interpreter=interpreter)
         except Fallback as fb:
             reason = fb.reason
         except SessionBusyError as exc:

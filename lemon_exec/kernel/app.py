@@ -20,7 +20,6 @@ class LemonKernelApp(IPKernelApp):
         self.config.HistoryManager.enabled = False
         super().initialize(argv)
 
-
     def init_iopub(self, context: Any) -> None:
         super().init_iopub(context)
         # Block instead of silently dropping when a subscriber falls behind: dropped bridge

@@ -68,8 +68,13 @@ class CellBridge:
             self._check_open()
             self._next_call_id += 1
             call_id = self._next_call_id
-        frame = {"type": protocol.CALL, "id": call_id, "token": self._token, "tool": tool,
-                 "params": params}
+        frame = {
+            "type": protocol.CALL,
+            "id": call_id,
+            "token": self._token,
+            "tool": tool,
+            "params": params,
+        }
         reply = self._request(("call", call_id), frame)
         if reply.get("ok") is True and isinstance(reply.get("content"), str):
             return reply["content"]
@@ -135,13 +140,20 @@ class CellBridge:
                 stream.flush()
         with self._lock:
             self._check_open()
-            self._session.send(
-                self._iopub,
-                "comm_msg",
-                {"comm_id": self.comm_id, "data": frame},
-                parent=self._parent,
-                ident=self._topic,
-            )
+            try:
+                self._session.send(
+                    self._iopub,
+                    "comm_msg",
+                    {"comm_id": self.comm_id, "data": frame},
+                    parent=self._parent,
+                    ident=self._topic,
+                )
+            except UnicodeEncodeError:
+                # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
+                raise ToolError(
+                    "helper arguments must be valid Unicode text (a lone surrogate cannot be "
+                    "sent to the host)"
+                ) from None
 
     def _check_open(self) -> None:
         if self._closed:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import json
 import os
 import selectors
@@ -38,8 +39,7 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args()
     # Import everything a kernel needs now, in the template, so children start warm.
-    import lemon_exec.kernel.app  # noqa: F401
-    import lemon_exec.kernel.kernel  # noqa: F401
+    importlib.import_module("lemon_exec.kernel.app")
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the host stops the template
     sock = socket.socket(fileno=args.fd)

@@ -118,7 +118,9 @@ class LemonKernel(IPythonKernel):
         sys.stdout = sys.stderr = merged  # type: ignore[assignment]
         cells.open_cell(bridge)
         try:
-            outcome = await script.run_script(code, str(meta.get("filename", "script.py")), namespace)
+            outcome = await script.run_script(
+                code, str(meta.get("filename", "script.py")), namespace
+            )
         finally:
             cells.close_cell()
             merged.flush()

@@ -153,9 +153,7 @@ def _report_exception(exc: BaseException) -> Outcome:
     te = traceback.TracebackException.from_exception(exc)
     _filter_frames(te, set())
     sys.stderr.write("".join(te.format()))
-    return Outcome(
-        "exception", exit_code=1, ename=type(exc).__name__, evalue=_safe_str(exc)
-    )
+    return Outcome("exception", exit_code=1, ename=type(exc).__name__, evalue=_safe_str(exc))
 
 
 def _filter_frames(te: traceback.TracebackException, seen: set[int]) -> None:
