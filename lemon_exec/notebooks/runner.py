@@ -25,6 +25,7 @@ import difflib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -166,8 +167,13 @@ class ScenarioOptions:
         return cls(config, cwd, tuple((r[0], r[1]) for r in rules))
 
     def build_config(self, mode: str) -> ExecuteCodeConfig:
-        """The facade config for ``mode``: defaults, the notebook's overrides, the mode."""
-        values: dict[str, Any] = {"warm_kernels": 0, **self.config}
+        """The facade config for ``mode``: defaults, the notebook's overrides, the mode.
+
+        Unless the notebook says otherwise, kernels run under the interpreter running the
+        scenario and no warm spares are kept (a spare would make ``kernel_source`` vary).
+        """
+        values: dict[str, Any] = {"warm_kernels": 0, "python_path": sys.executable,
+                                  **self.config}
         values.update(enabled=True, kernel_mode=mode)
         try:
             return ExecuteCodeConfig(**values)

@@ -1,0 +1,368 @@
+"""lemon-python as a Jupyter kernel: kernelspec, front ends, inspection and attaching.
+
+Checks issue 7's "Jupyter-native" promises with real processes:
+
+- ``jupyter kernelspec list`` shows the installed ``lemon-python`` spec;
+- nbclient runs a notebook on lemon-python with no lemon_exec host attached (``text()``
+  prints, ``notify()`` goes to stderr, helpers raise a ToolError that says no host is
+  attached, and ordinary IPython behaviour such as the last-expression display works);
+- the kernel answers kernel_info, complete, inspect, is_complete and history requests;
+- a second jupyter_client attached to a live session kernel reads the agent's variables and
+  runs its own code, while the agent's results stay exactly its own;
+- ``lemon-exec kernels --json`` (a subprocess) lists the running kernel, ``lemon-exec attach
+  --print`` names its connection file, and ``jupyter console --existing`` works on it.
+
+Every scenario notebook under ``notebooks/`` is a test of its own, collected by the
+``lemon_exec_notebooks`` pytest plugin (see ``docs/notebooks.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.index import read_indexes
+
+pytestmark = pytest.mark.timeout(120)
+
+REPO = Path(__file__).resolve().parents[1]
+KERNEL_NAME = "lemon-python"
+NO_HOST = "no lemon_exec host is attached"
+
+
+def _jupyter(*args: str) -> list[str]:
+    exe = shutil.which("jupyter")
+    return [exe, *args] if exe else [sys.executable, "-m", "jupyter", *args]
+
+
+def _lemon_exec(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "lemon_exec", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+# --- the kernelspec ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_kernelspec_list_shows_lemon_python() -> None:
+    listing = subprocess.run(_jupyter("kernelspec", "list"), capture_output=True, text=True,
+                             timeout=60, check=True)
+    assert KERNEL_NAME in listing.stdout.split()
+
+    as_json = subprocess.run(_jupyter("kernelspec", "list", "--json"), capture_output=True,
+                             text=True, timeout=60, check=True)
+    spec = json.loads(as_json.stdout)["kernelspecs"][KERNEL_NAME]["spec"]
+    assert spec["argv"][1:3] == ["-m", "lemon_exec.kernel"]
+    assert "{connection_file}" in spec["argv"]
+    assert spec["language"] == "python"
+
+
+# --- a plain Jupyter front end, no host ----------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_nbclient_runs_lemon_python_without_a_host(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    cells = [
+        new_code_cell('text("hello from text()")'),
+        new_code_cell('notify("progress message")'),
+        new_code_cell('try:\n    read("anything.txt")\nexcept ToolError as exc:\n'
+                      '    print(type(exc).__name__, "|", exc)'),
+        new_code_cell('ls(".")', metadata={"tags": ["raises-exception"]}),
+        new_code_cell("x = 21\nx * 2"),
+        new_code_cell("from IPython.display import Markdown, display\n"
+                      'display(Markdown("**shown**"))'),
+        new_code_cell("%load_ext autoreload\nbatch([])"),
+    ]
+    nb = new_notebook(cells=cells, metadata={"kernelspec": {
+        "name": KERNEL_NAME, "display_name": "Python 3 (lemon_exec)", "language": "python"}})
+    client = nbclient.NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=60,
+                                     resources={"metadata": {"path": str(tmp_path)}})
+    client.execute()
+    nbformat.validate(nb)
+
+    def streams(i: int, name: str) -> str:
+        return "".join(o["text"] for o in nb.cells[i].outputs
+                       if o["output_type"] == "stream" and o["name"] == name)
+
+    def result(i: int) -> dict[str, Any]:
+        found = [o for o in nb.cells[i].outputs if o["output_type"] == "execute_result"]
+        assert len(found) == 1, nb.cells[i].outputs
+        return found[0]["data"]
+
+    assert streams(0, "stdout") == "hello from text()\n"
+    assert streams(1, "stderr") == "notify: progress message\n"
+    assert streams(1, "stdout") == ""
+    assert streams(2, "stdout").startswith("ToolError | ")
+    assert NO_HOST in streams(2, "stdout")
+    [error] = [o for o in nb.cells[3].outputs if o["output_type"] == "error"]
+    assert error["ename"] == "ToolError"
+    assert NO_HOST in error["evalue"]
+    assert result(4)["text/plain"] == "42"
+    [display] = [o for o in nb.cells[5].outputs if o["output_type"] == "display_data"]
+    assert display["data"]["text/markdown"] == "**shown**"
+    assert result(6)["text/plain"] == "[]"
+
+
+# --- protocol requests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain_kernel() -> Iterator[Any]:
+    """A lemon-python kernel started from the installed kernelspec, and a blocking client."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name=KERNEL_NAME)
+    km.start_kernel()
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def _shell_reply(kc: Any, msg_id: str, timeout: float = 15) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        msg = kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if msg["parent_header"].get("msg_id") == msg_id:
+            return msg
+
+
+@pytest.mark.timeout(60)
+def test_kernel_info(plain_kernel: Any) -> None:
+    reply = plain_kernel.kernel_info(reply=True, timeout=15)["content"]
+    assert reply["status"] == "ok"
+    assert reply["implementation"] == "lemon-python"
+    assert reply["language_info"]["name"] == "python"
+    assert reply["protocol_version"].startswith("5.")
+    assert reply["lemon_protocol"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_execute_complete_inspect(plain_kernel: Any) -> None:
+    kc = plain_kernel
+    reply = kc.execute_interactive("import os\nvalue_for_inspection = [1, 2, 3]", timeout=15,
+                                   allow_stdin=False)
+    assert reply["content"]["status"] == "ok"
+
+    completion = kc.complete("os.pa", reply=True, timeout=15)["content"]
+    assert completion["status"] == "ok"
+    assert "path" in completion["matches"] or "os.path" in completion["matches"]
+
+    inspected = kc.inspect("value_for_inspection", reply=True, timeout=15)["content"]
+    assert inspected["status"] == "ok"
+    assert inspected["found"] is True
+    assert "list" in inspected["data"]["text/plain"]
+
+    error = kc.execute_interactive("1 / 0", timeout=15, allow_stdin=False)["content"]
+    assert error["status"] == "error"
+    assert error["ename"] == "ZeroDivisionError"
+    assert error["traceback"]
+
+
+@pytest.mark.timeout(60)
+def test_is_complete(plain_kernel: Any) -> None:
+    kc = plain_kernel
+    answers = {code: _shell_reply(kc, kc.is_complete(code))["content"]
+               for code in ("x = 1", "for i in range(3):", "x = )")}
+    assert answers["x = 1"]["status"] == "complete"
+    assert answers["for i in range(3):"]["status"] == "incomplete"
+    assert answers["for i in range(3):"]["indent"] == "    "
+    assert answers["x = )"]["status"] == "invalid"
+
+
+@pytest.mark.timeout(60)
+def test_history_and_comm_info(plain_kernel: Any) -> None:
+    kc = plain_kernel
+    kc.execute_interactive("history_marker = 1", timeout=15, allow_stdin=False)
+    history = kc.history(hist_access_type="tail", n=10, output=False, raw=True, reply=True,
+                         timeout=15)["content"]
+    assert history["status"] == "ok"
+    assert isinstance(history["history"], list)
+    for entry in history["history"]:
+        assert len(entry) == 3  # (session, line, input)
+    comms = kc.comm_info(reply=True, timeout=15)["content"]
+    assert comms["status"] == "ok"
+
+
+# --- a live session kernel and a person attached to it -------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ExecuteCode, SessionScope]]:
+    """A session-mode host in this process (synchronous facade on its own loop thread)."""
+    config = ExecuteCodeConfig(enabled=True, kernel_mode="session", warm_kernels=0,
+                               python_path=sys.executable, timeout_ms=30_000)
+    tool = ExecuteCode(config)
+    scope = SessionScope("jupyter-native", "agent", tmp_path_factory.mktemp("agent-cwd"))
+    try:
+        yield tool, scope
+    finally:
+        tool.close()
+
+
+def _index_row(kernel_id: str, timeout: float = 5.0) -> dict[str, Any]:
+    """This process's index row for ``kernel_id`` (the index is written within 0.2 s)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = [r for r in read_indexes()
+                if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()]
+        if rows and rows[0].get("phase") == "idle":
+            return rows[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"kernel {kernel_id} not in the live-kernel index: {rows}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def agent_kernel(host: tuple[ExecuteCode, SessionScope]) -> dict[str, Any]:
+    """The agent's session kernel after its first call set ``agent_var``."""
+    tool, scope = host
+    result = tool.run_sync("agent_var = {'answer': 42}\nprint('agent call 1')", scope=scope)
+    assert result.content == "agent call 1\n", result.content
+    assert result.details["persistent"] is True
+    return _index_row(result.details["kernel_id"])
+
+
+def _person(connection_file: str) -> Any:
+    from jupyter_client import BlockingKernelClient
+
+    kc = BlockingKernelClient()
+    kc.load_connection_file(connection_file)
+    kc.start_channels()
+    kc.wait_for_ready(timeout=30)
+    return kc
+
+
+def _person_runs(kc: Any, code: str) -> tuple[str, dict[str, Any]]:
+    """Execute ``code`` as a person would; return (stdout, reply content)."""
+    out: list[str] = []
+
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+
+    reply = kc.execute_interactive(code, output_hook=hook, timeout=30, allow_stdin=False)
+    return "".join(out), reply["content"]
+
+
+@pytest.mark.timeout(120)
+def test_kernels_json_lists_the_running_kernel(agent_kernel: dict[str, Any]) -> None:
+    proc = _lemon_exec("kernels", "--json")
+    assert proc.returncode == 0, proc.stderr
+    rows = [r for r in json.loads(proc.stdout) if r["id"] == agent_kernel["public_id"]]
+    assert len(rows) == 1, proc.stdout
+    row = rows[0]
+    assert row["mode"] == "session"
+    assert row["phase"] in ("idle", "running")
+    assert row["cells"] >= 1
+    assert row["host_pid"] == os.getpid()
+    assert row["connection_file"] == agent_kernel["connection_file"]
+    assert row["age_s"] >= row["idle_s"] >= 0
+
+    table = _lemon_exec("kernels")
+    assert table.returncode == 0
+    assert agent_kernel["public_id"] in table.stdout
+    assert table.stdout.splitlines()[0].split()[:3] == ["ID", "MODE", "PHASE"]
+
+
+@pytest.mark.timeout(60)
+def test_attach_print_names_the_connection_file(agent_kernel: dict[str, Any]) -> None:
+    prefix = agent_kernel["public_id"][:8]
+    proc = _lemon_exec("attach", prefix, "--print")
+    assert proc.returncode == 0, proc.stderr
+    argv = shlex.split(proc.stdout.strip())
+    assert argv[-3:] == ["console", "--existing", agent_kernel["connection_file"]]
+
+    missing = _lemon_exec("attach", "not-a-kernel-id", "--print")
+    assert missing.returncode == 1
+    assert "no live kernel id starts with" in missing.stderr
+
+
+@pytest.mark.timeout(120)
+def test_second_client_reads_agent_state_without_leaking(
+    host: tuple[ExecuteCode, SessionScope], agent_kernel: dict[str, Any]
+) -> None:
+    tool, scope = host
+    person = _person(agent_kernel["connection_file"])
+    try:
+        out, reply = _person_runs(person, "print('PERSON sees', agent_var['answer'])\n"
+                                          "person_var = 7")
+        assert reply["status"] == "ok"
+        assert out == "PERSON sees 42\n"
+
+        # The agent's next call returns only its own output (and sees the shared namespace).
+        result = tool.run_sync("print('agent call 2', person_var)", scope=scope)
+        assert result.content == "agent call 2 7\n"
+        assert result.details["kernel_reused"] is True
+
+        # A person's execution sent while the agent's cell runs waits its turn in the kernel
+        # and never shows up in the agent's result.
+        pending: Future[Any] = Future()
+
+        def agent() -> None:
+            try:
+                pending.set_result(tool.run_sync(
+                    "import time\nprint('agent call 3 start', flush=True)\ntime.sleep(0.8)\n"
+                    "print('agent call 3 end')\ntext(f\"answer={agent_var['answer']}\")",
+                    scope=scope))
+            except BaseException as exc:  # pragma: no cover - reported by the assert below
+                pending.set_exception(exc)
+
+        worker = threading.Thread(target=agent)
+        worker.start()
+        time.sleep(0.3)
+        out, reply = _person_runs(person, "print('PERSON interleaved')")
+        worker.join(timeout=60)
+        third = pending.result(timeout=1)
+        assert reply["status"] == "ok"
+        assert out == "PERSON interleaved\n"
+        assert third.content == (
+            "Script result (text()):\nanswer=42\n\n"
+            "Diagnostics (stdout/stderr, not the result):\n"
+            "agent call 3 start\nagent call 3 end\n"
+        )
+        assert "PERSON" not in third.content
+
+        fourth = tool.run_sync("text('agent call 4')", scope=scope)
+        assert fourth.content == "Script result (text()):\nagent call 4"
+        assert fourth.details["state_retained"] is True
+        assert fourth.details["kernel_id"] == agent_kernel["public_id"]
+    finally:
+        person.stop_channels()
+
+
+@pytest.mark.timeout(120)
+def test_jupyter_console_existing(host: tuple[ExecuteCode, SessionScope],
+                                  agent_kernel: dict[str, Any]) -> None:
+    pytest.importorskip("jupyter_console")
+    tool, scope = host
+    cmd = _jupyter("console", "--existing", agent_kernel["connection_file"], "--simple-prompt")
+    proc = subprocess.run(cmd, input="print('console sees', agent_var['answer'])\n",
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert "console sees 42" in proc.stdout, proc.stdout + proc.stderr
+    assert "keeping kernel alive" in proc.stdout  # end of input is Ctrl-D: the kernel stays
+
+    after = tool.run_sync("text(agent_var['answer'])", scope=scope)
+    assert after.content == "Script result (text()):\n42"
+    assert after.details["kernel_reused"] is True

@@ -1,0 +1,142 @@
+"""Warm spares and the fork server (issue 5): fresh process per run, dead spares replaced,
+spares stopped on close. Behaviour only; timings live in bench/."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+
+pytestmark = pytest.mark.timeout(120)
+
+PROBE = """
+import json, os
+print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "cwd": os.getcwd(),
+                  "names": sorted(n for n in globals() if not n.startswith("_"))}))
+globals()["leftover"] = 1
+"""
+
+
+def _probe(result_content: str) -> dict:
+    return json.loads(result_content.strip().splitlines()[-1])
+
+
+async def _wait_spares(ec: ExecuteCode, count: int = 1, timeout: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while ec.snapshot()["spares"] < count:
+        assert loop.time() < deadline, "no spare became ready"
+        await asyncio.sleep(0.05)
+
+
+async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> None:
+    engine = ec._engine
+    assert engine is not None
+    servers = list(engine._forkservers.values())
+    assert servers, "no fork server was started"
+    assert await servers[0].wait_ready(timeout)
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["fork", "popen"])
+def test_every_run_gets_a_fresh_kernel(tmp_path: Path, fork_server: bool) -> None:
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=1, fork_server=fork_server)
+        async with ExecuteCode(config) as ec:
+            await ec.run("pass")  # spares are started for an interpreter once it is known
+            seen: list[dict] = []
+            workspaces: list[set[str]] = []
+            for i in range(3):
+                await _wait_spares(ec)
+                cwd = tmp_path / f"run{i}"
+                cwd.mkdir()
+                work = ec._engine.staging.work_dir
+                before = set(os.listdir(work))
+                result = await ec.run(PROBE, scope=SessionScope("unused", "a", str(cwd)))
+                assert result.details["kernel_source"] == "spare", result.details
+                seen.append(_probe(result.content))
+                workspaces.append(set(os.listdir(work)) - before)
+                assert Path(seen[-1]["cwd"]) == cwd
+                # The namespace holds only the pre-imported names: nothing of earlier runs.
+                assert "leftover" not in seen[-1]["names"]
+                assert {"text", "notify", "batch", "read", "ToolError"} <= set(seen[-1]["names"])
+            assert len({s["pid"] for s in seen}) == 3, "a kernel was reused"
+            # Each run's private workspace is gone after the run.
+            assert not os.listdir(work)
+
+    asyncio.run(main())
+
+
+def test_fork_server_forks_kernels_and_stops_them() -> None:
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=0, fork_server=True)
+        async with ExecuteCode(config) as ec:
+            await ec.run("pass")  # starts the fork server in the background
+            await _wait_fork_server(ec)
+            info = _probe((await ec.run(PROBE)).content)
+            template = next(iter(ec._engine._forkservers.values()))
+            # Forked by the template, not launched by this process.
+            assert info["ppid"] == template._proc.pid
+            assert info["ppid"] != os.getpid()
+            template_pid = template._proc.pid
+        # Closing the facade stops the template too.
+        for _ in range(100):
+            try:
+                os.kill(template_pid, 0)
+            except ProcessLookupError:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            pytest.fail("fork server still running after close")
+
+    asyncio.run(main())
+
+
+def test_dead_spare_is_never_handed_out() -> None:
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=1, fork_server=False)
+        async with ExecuteCode(config) as ec:
+            await ec.run("pass")
+            await _wait_spares(ec)
+            spare = ec._engine.pool.all_spares()[0]
+            os.kill(spare.pid, signal.SIGKILL)
+            for _ in range(100):  # wait until the process has really ended
+                if not await spare.is_alive():
+                    break
+                await asyncio.sleep(0.02)
+            result = await ec.run(PROBE)
+            assert result.ok, result.content
+            assert _probe(result.content)["pid"] != spare.pid
+            assert result.details["kernel_source"] == "cold"
+
+    asyncio.run(main())
+
+
+def test_closing_the_facade_stops_every_spare() -> None:
+    async def main() -> list[int]:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=2, fork_server=False)
+        ec = ExecuteCode(config)
+        await ec.run("pass")
+        await _wait_spares(ec, 2)
+        pids = [k.pid for k in ec._engine.pool.all_spares()]
+        await ec.aclose()
+        return pids
+
+    pids = asyncio.run(main())
+    assert len(pids) == 2
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_warm_kernels_zero_starts_cold_every_time() -> None:
+    config = ExecuteCodeConfig(enabled=True, warm_kernels=0, fork_server=False)
+    with ExecuteCode(config) as ec:
+        sources = [ec.run_sync("pass").details["kernel_source"] for _ in range(2)]
+        assert sources == ["cold", "cold"]
+        assert ec.snapshot()["spares"] == 0
