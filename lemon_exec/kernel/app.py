@@ -6,7 +6,7 @@ from typing import Any
 
 import zmq
 from ipykernel.kernelapp import IPKernelApp
-from traitlets import Type
+from traitlets import DottedObjectName, Type
 
 from lemon_exec.kernel.kernel import LemonKernel
 
@@ -14,6 +14,9 @@ from lemon_exec.kernel.kernel import LemonKernel
 class LemonKernelApp(IPKernelApp):
     name = "lemon-python-kernel"
     kernel_class = Type(LemonKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
+        config=True
+    )
 
     def initialize(self, argv: list[str] | None = None) -> None:
         # No IPython history database: kernels are short-lived and must leave no files behind.

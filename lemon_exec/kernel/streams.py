@@ -12,6 +12,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from ipykernel.iostream import OutStream
+
 #: Fixed by the spec: output travels in chunks of at most 64 KiB.
 STREAM_CHUNK_CHARS = 64 * 1024
 
@@ -53,3 +55,26 @@ class ChunkedStream(io.TextIOBase):
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+class BoundedOutStream(OutStream):
+    """ipykernel's OutStream, flushed whenever 64 KiB are pending.
+
+    It also receives what child processes write to the kernel's file descriptors (through
+    ipykernel's pipe watcher), which ChunkedStream never sees; without the bound a child
+    flooding its stdout would build one huge message within the 0.2 s flush interval.
+    """
+
+    _unflushed = 0
+
+    def write(self, string: str) -> int | None:
+        written = super().write(string)
+        self._unflushed += len(string)
+        if self._unflushed >= STREAM_CHUNK_CHARS:
+            self._unflushed = 0
+            self.flush()  # from a non-IO thread this waits for the send: backpressure
+        return written
+
+    def flush(self) -> None:
+        self._unflushed = 0
+        super().flush()
