@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import time
@@ -33,6 +34,8 @@ from lemon_exec.tools import ToolHost
 log = logging.getLogger(__name__)
 
 _SPILL_REAP_INTERVAL_S = 3600.0
+#: A fork server that died (e.g. the interpreter lacks ipykernel) is retried this rarely.
+_FORK_SERVER_RETRY_S = 60.0
 
 
 class Engine:
@@ -56,6 +59,7 @@ class Engine:
         self._closed = False
         self._reap_handle: asyncio.TimerHandle | None = None
         self._forkservers: dict[str, ForkServer] = {}
+        self._server_ids = itertools.count(1)
         self._reap_spills()
         hygiene.register(self)
 
@@ -122,15 +126,20 @@ class Engine:
         if not self.config.fork_server:
             return None
         server = self._forkservers.get(interpreter)
-        if server is None or (server.started and not server.alive):  # absent, or died
-            server = ForkServer(
-                f"{os.getpid()}-{len(self._forkservers)}-{id(self)}",
-                interpreter,
-                {**os.environ, **self._kernel_env()},
-                str(self.staging.work_dir),
-            )
-            self._forkservers[interpreter] = server
-            self.spawn(server.start())
+        if server is not None and (server.alive or not server.started):
+            return server
+        if server is not None:  # it died: retire it, and retry at most once a minute
+            self.spawn(server.aclose())
+            if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
+                return None
+        server = ForkServer(
+            f"{os.getpid()}-{next(self._server_ids)}",
+            interpreter,
+            {**os.environ, **self._kernel_env()},
+            str(self.staging.work_dir),
+        )
+        self._forkservers[interpreter] = server
+        self.spawn(server.start())
         return server
 
     async def _start_spare(self, interpreter: str) -> ManagedKernel:

@@ -52,6 +52,7 @@ class ForkServer:
         self._children: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self.started = False
+        self.created = time.monotonic()
         _SERVERS[server_id] = self
 
     async def start(self) -> None:
@@ -157,7 +158,8 @@ class ForkServer:
 
     async def aclose(self) -> None:
         """Stop the template (it kills its remaining children when its socket closes)."""
-        _SERVERS.pop(self.server_id, None)
+        if _SERVERS.get(self.server_id) is self:
+            del _SERVERS[self.server_id]
         if self._writer is not None:
             self._writer.close()
             with contextlib.suppress(Exception):
