@@ -20,6 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+import zmq
+import zmq.asyncio
 from jupyter_client import AsyncKernelClient, AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
@@ -87,6 +89,7 @@ class ManagedKernel:
             interpreter=interpreter, env=env or {}, fork_server_id=fork_server_id
         )
         km = AsyncKernelManager(
+            context=shared_context(),
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=spec_manager,
             transport="ipc",
@@ -112,7 +115,7 @@ class ManagedKernel:
                     f"execute_code: python_path is not executable: {interpreter}; set "
                     "python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to a Python interpreter"
                 ) from exc
-            kc = km.client()
+            kc = km.client(context=shared_context())
             kc.start_channels()
             kernel = cls(km, kc, kernel_id=kernel_id, interpreter=interpreter, log_path=log_path)
             kernel._start_readers()
@@ -294,6 +297,23 @@ class ManagedKernel:
         sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
         if sink is not None:
             sink.on_reply(msg)
+
+
+_CONTEXT: zmq.asyncio.Context | None = None
+
+
+def shared_context() -> zmq.asyncio.Context:
+    """One zmq context (one IO thread) for every kernel connection of this process.
+
+    jupyter_client would otherwise create two per kernel. Receive queues are bounded: the
+    kernel's IOPub blocks instead of dropping (XPUB_NODROP), so a flood of output waits in
+    the kernel rather than piling up in this process (at most 64 messages of <= 64 KiB).
+    """
+    global _CONTEXT
+    if _CONTEXT is None or _CONTEXT.closed:
+        _CONTEXT = zmq.asyncio.Context()
+        _CONTEXT.setsockopt(zmq.RCVHWM, 64)
+    return _CONTEXT
 
 
 def _ignore(_msg: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import zmq
@@ -21,6 +22,9 @@ class LemonKernelApp(IPKernelApp):
     def initialize(self, argv: list[str] | None = None) -> None:
         # No IPython history database: kernels are short-lived and must leave no files behind.
         self.config.HistoryManager.enabled = False
+        # ipykernel skips capturing child-process output under pytest; a kernel started by a
+        # test must behave like any other.
+        os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)
 
     def init_iopub(self, context: Any) -> None:

@@ -8,6 +8,7 @@ jupyter console and nbclient work with this kernel as with ipykernel.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -116,6 +117,8 @@ class LemonKernel(IPythonKernel):
         saved_streams = sys.stdout, sys.stderr
         merged = ChunkedStream(sys.stdout)
         sys.stdout = sys.stderr = merged  # type: ignore[assignment]
+        # Child processes' stderr joins stdout's pipe too: one ordered stream, as specified.
+        saved_fd2 = _merge_fd(2, into=1)
         cells.open_cell(bridge)
         try:
             outcome = await script.run_script(
@@ -125,6 +128,7 @@ class LemonKernel(IPythonKernel):
             cells.close_cell()
             merged.flush()
             sys.stdout, sys.stderr = saved_streams
+            _restore_fd(2, saved_fd2)
         reply: dict[str, Any] = {
             "status": "ok" if outcome.kind == "ok" else "error",
             "execution_count": self.execution_count,
@@ -144,6 +148,22 @@ class LemonKernel(IPythonKernel):
             "traceback": [],
             "lemon": script.Outcome("protocol_error", 1, ename, evalue).to_dict(),
         }
+
+
+def _merge_fd(fd: int, *, into: int) -> int | None:
+    try:
+        saved = os.dup(fd)
+        os.dup2(into, fd)
+    except OSError:
+        return None
+    return saved
+
+
+def _restore_fd(fd: int, saved: int | None) -> None:
+    if saved is not None:
+        with contextlib.suppress(OSError):
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
 def _peek_msg_type(session: Any, raw: list[Any]) -> str | None:

@@ -9,7 +9,15 @@ which IOPub drains (the IOPub socket is set to block rather than drop; see app.p
 
 from __future__ import annotations
 
+import codecs
+import fcntl
 import io
+import os
+import select
+import struct
+import sys
+import termios
+import threading
 from typing import Any
 
 from ipykernel.iostream import OutStream
@@ -27,6 +35,9 @@ class ChunkedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        drain = getattr(self._inner, "drain_pipe", None)
+        if drain is not None:
+            drain()
         # Large writes are split so no single stream message exceeds the chunk size.
         for start in range(0, max(len(text), 1), self._chunk):
             piece = text[start : start + self._chunk]
@@ -58,14 +69,23 @@ class ChunkedStream(io.TextIOBase):
 
 
 class BoundedOutStream(OutStream):
-    """ipykernel's OutStream, flushed whenever 64 KiB are pending.
+    """ipykernel's OutStream with two changes for scripts.
 
-    It also receives what child processes write to the kernel's file descriptors (through
-    ipykernel's pipe watcher), which ChunkedStream never sees; without the bound a child
-    flooding its stdout would build one huge message within the 0.2 s flush interval.
+    1. Flushed whenever 64 KiB are pending. It also receives what child processes write to
+       the kernel's file descriptors, which ChunkedStream never sees; without the bound a
+       child flooding its stdout would build one huge message within the 0.2 s interval.
+    2. Bytes from the file-descriptor pipe move into the stream under a lock, by the pipe
+       watcher or by :meth:`drain_pipe`. A Python-level write drains the pipe first, so
+       output of a child process that has finished comes before what Python prints next —
+       the order a terminal would show.
     """
 
     _unflushed = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._pipe_lock = threading.Lock()
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        super().__init__(*args, **kwargs)
 
     def write(self, string: str) -> int | None:
         written = super().write(string)
@@ -78,3 +98,46 @@ class BoundedOutStream(OutStream):
     def flush(self) -> None:
         self._unflushed = 0
         super().flush()
+
+    def drain_pipe(self) -> None:
+        """Move whatever child processes wrote so far into the stream, before a new write."""
+        fid = getattr(self, "_fid", None)
+        if fid is None or not self._should_watch:
+            return
+        with self._pipe_lock:
+            while _pending_bytes(fid) > 0:
+                if not self._forward(fid):
+                    return
+
+    def _watch_pipe_fd(self) -> None:
+        # Replaces ipykernel's watcher: same job, but bytes move under the pipe lock, UTF-8 is
+        # decoded incrementally (a character split across reads stays whole), and child
+        # output is not echoed to the kernel's own stderr log.
+        fid = getattr(self, "_fid", None)
+        if fid is None:
+            return
+        try:
+            while self._should_watch:
+                select.select([fid], [], [])
+                with self._pipe_lock:
+                    if not self._forward(fid):
+                        return
+        except Exception:
+            self._exc = sys.exc_info()
+
+    def _forward(self, fid: int) -> bool:
+        """Read what is available (caller holds the lock); False at end of file."""
+        data = os.read(fid, max(1, min(_pending_bytes(fid), STREAM_CHUNK_CHARS)))
+        if not data:
+            return False
+        text = self._decoder.decode(data)
+        if text and self._should_watch:
+            self.write(text)
+        return True
+
+
+def _pending_bytes(fd: int) -> int:
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])
+    except OSError:
+        return 0
