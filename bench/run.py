@@ -68,14 +68,20 @@ TARGETS: dict[str, tuple[str, float]] = {
 }
 
 GROUPS: tuple[str, ...] = (
-    "per_call", "sustained", "cold", "session", "helpers", "flood", "idle", "sessions16",
+    "per_call",
+    "sustained",
+    "cold",
+    "session",
+    "helpers",
+    "flood",
+    "idle",
+    "sessions16",
 )
 
 TRIVIAL_SCRIPT = "print(1)\n"
 TRIVIAL_CELL = "x = 1"
 FLOOD_SCRIPT = (
-    "import sys; chunk = 'x' * 1023 + '\\n'; "
-    "[sys.stdout.write(chunk) for _ in range(100 * 1024)]"
+    "import sys; chunk = 'x' * 1023 + '\\n'; [sys.stdout.write(chunk) for _ in range(100 * 1024)]"
 )
 FLOOD_BYTES = 100 * 1024 * 1024
 MIB = 1024 * 1024
@@ -105,14 +111,40 @@ class Plan:
     @classmethod
     def make(cls, quick: bool) -> Plan:
         if quick:
-            return cls(quick=True, per_call_pairs=12, per_call_spacing_s=0.5, sustained_s=5.0,
-                       cold_samples=3, session_pairs=150, helper_calls=200, helper_runs=1,
-                       batch_reps=5, text_blocks=25, text_runs=1, flood_runs=1,
-                       sessions16_s=2.0, settle_s=0.7, group_timeout_s=60.0)
-        return cls(quick=False, per_call_pairs=80, per_call_spacing_s=1.0, sustained_s=20.0,
-                   cold_samples=12, session_pairs=500, helper_calls=200, helper_runs=3,
-                   batch_reps=10, text_blocks=50, text_runs=3, flood_runs=2,
-                   sessions16_s=6.0, settle_s=1.0, group_timeout_s=240.0)
+            return cls(
+                quick=True,
+                per_call_pairs=10,
+                per_call_spacing_s=0.8,
+                sustained_s=5.0,
+                cold_samples=3,
+                session_pairs=150,
+                helper_calls=200,
+                helper_runs=1,
+                batch_reps=5,
+                text_blocks=25,
+                text_runs=1,
+                flood_runs=1,
+                sessions16_s=2.0,
+                settle_s=0.7,
+                group_timeout_s=60.0,
+            )
+        return cls(
+            quick=False,
+            per_call_pairs=80,
+            per_call_spacing_s=1.0,
+            sustained_s=20.0,
+            cold_samples=12,
+            session_pairs=500,
+            helper_calls=200,
+            helper_runs=3,
+            batch_reps=10,
+            text_blocks=50,
+            text_runs=3,
+            flood_runs=3,
+            sessions16_s=6.0,
+            settle_s=1.0,
+            group_timeout_s=240.0,
+        )
 
 
 # -- statistics and reporting ---------------------------------------------------------------------
@@ -179,22 +211,25 @@ def format_table(report: Report) -> str:
         stat = report.stats.get(name, {})
         target = TARGETS.get(name)
         ok = verdict(name, value)
-        rows.append((
-            name,
-            "error" if value is None else f"{_num(value)} {unit}",
-            _num(stat["p90"]) if "p90" in stat else "",
-            str(stat["n"]) if "n" in stat else "",
-            f"{target[0]} {_num(target[1])}" if target else "",
-            "" if ok is None else ("pass" if ok else "FAIL"),
-        ))
+        rows.append(
+            (
+                name,
+                "error" if value is None else f"{_num(value)} {unit}",
+                _num(stat["p90"]) if "p90" in stat else "",
+                str(stat["n"]) if "n" in stat else "",
+                f"{target[0]} {_num(target[1])}" if target else "",
+                "" if ok is None else ("pass" if ok else "FAIL"),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     if report.extra:
         lines.append("")
         lines.append("context:")
-        lines.extend(f"  {k} = {_num(v) if isinstance(v, float) else v}"
-                     for k, v in report.extra.items())
+        lines.extend(
+            f"  {k} = {_num(v) if isinstance(v, float) else v}" for k, v in report.extra.items()
+        )
     if report.errors:
         lines.append("")
         lines.append("errors:")
@@ -203,8 +238,9 @@ def format_table(report: Report) -> str:
 
 
 def _num(value: float) -> str:
-    if isinstance(value, int) or (isinstance(value, float) and value.is_integer()
-                                  and abs(value) >= 100):
+    if isinstance(value, int) or (
+        isinstance(value, float) and value.is_integer() and abs(value) >= 100
+    ):
         return str(int(value))
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
@@ -230,7 +266,8 @@ def machine_info(interpreter: str) -> dict[str, Any]:
     real = os.path.realpath(interpreter)
     return {
         "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        "usable_cores": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
         else os.cpu_count(),
         "cpu_model": cpu_model,
         "mem_total_mib": mem_total_mib,
@@ -245,9 +282,11 @@ def machine_info(interpreter: str) -> dict[str, Any]:
         "kernel_interpreter_is_script": _is_script(real),
         "loadavg_start": _loadavg(),
         "lemon_exec_git": _git_state(),
-        "config_defaults": {key: getattr(ExecuteCodeConfig(), key)
-                            for key in ("warm_kernels", "fork_server")
-                            if key in ExecuteCodeConfig.class_trait_names()},
+        "config_defaults": {
+            key: getattr(ExecuteCodeConfig(), key)
+            for key in ("warm_kernels", "fork_server")
+            if key in ExecuteCodeConfig.class_trait_names()
+        },
     }
 
 
@@ -257,11 +296,22 @@ def _git_state() -> dict[str, Any] | None:
 
     root = Path(lemon_exec.__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, text=True,
-                              capture_output=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                               cwd=root, text=True, capture_output=True, timeout=10,
-                               check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            text=True,
+            capture_output=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
     return {"commit": head, "modified_files": len(dirty.splitlines())}
@@ -396,8 +446,12 @@ class RssSampler:
 
 def lemon_config(**overrides: Any) -> ExecuteCodeConfig:
     """An enabled config with a 60 s timeout, ``overrides`` applied."""
-    values: dict[str, Any] = {"enabled": True, "timeout_ms": 60_000, "warm_kernels": 1,
-                              "max_live_kernels": 16}
+    values: dict[str, Any] = {
+        "enabled": True,
+        "timeout_ms": 60_000,
+        "warm_kernels": 1,
+        "max_live_kernels": 16,
+    }
     values.update(overrides)
     return ExecuteCodeConfig(**values)
 
@@ -434,15 +488,19 @@ def script_json(result: Any) -> Any:
     found = [line for line in result.content.splitlines() if line.startswith(RESULT_MARKER)]
     if not found:
         raise RuntimeError(f"no {RESULT_MARKER} line in result: {result.content[:500]!r}")
-    return json.loads(found[-1][len(RESULT_MARKER):])
+    return json.loads(found[-1][len(RESULT_MARKER) :])
 
 
 async def python_subprocess(interpreter: str, script: Path, cwd: str) -> float:
     """Milliseconds to run ``interpreter script`` with captured output, as asyncio does."""
     t0 = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        interpreter, str(script), cwd=cwd,
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        interpreter,
+        str(script),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
         out, err = await proc.communicate()
@@ -481,11 +539,13 @@ class RawKernel:
             def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
                 return KernelSpec(
                     argv=[interpreter, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    display_name="plain ipykernel", language="python",
+                    display_name="plain ipykernel",
+                    language="python",
                 )
 
-        km = AsyncKernelManager(kernel_name="bench-plain-ipykernel",
-                                kernel_spec_manager=_PlainSpecs())
+        km = AsyncKernelManager(
+            kernel_name="bench-plain-ipykernel", kernel_spec_manager=_PlainSpecs()
+        )
         kernel = None
         try:
             await km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -537,8 +597,9 @@ class RawKernel:
                     continue
                 if msg["msg_type"] == "stream":
                     stdout.append(msg["content"]["text"])
-                got_idle = (msg["msg_type"] == "status"
-                            and msg["content"]["execution_state"] == "idle")
+                got_idle = (
+                    msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+                )
 
         await asyncio.gather(reply(), iopub())
         return "".join(stdout)
@@ -644,8 +705,11 @@ async def bench_sustained(ctx: Context) -> None:
             sources[source] = sources.get(source, 0) + 1
         wall = time.monotonic() - start
     report.figure("per_call_sustained_per_s", len(durations) / wall)
-    report.stats["per_call_sustained_per_s"] = {"n": len(durations), "seconds": round(wall, 2),
-                                                "run_ms": summarize(durations)}
+    report.stats["per_call_sustained_per_s"] = {
+        "n": len(durations),
+        "seconds": round(wall, 2),
+        "run_ms": summarize(durations),
+    }
     report.context("sustained_kernel_sources", sources)
 
 
@@ -661,11 +725,13 @@ async def bench_cold(ctx: Context) -> None:
     fork_variant = has_setting("fork_server")
     async with contextlib.AsyncExitStack() as stack:
         lemon = await stack.enter_async_context(
-            ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=0)))
+            ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=0))
+        )
         plain: ExecuteCode | None = None
         if fork_variant:
-            plain = await stack.enter_async_context(ExecuteCode(
-                lemon_config(kernel_mode="per_call", warm_kernels=0, fork_server=False)))
+            plain = await stack.enter_async_context(
+                ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=0, fork_server=False))
+            )
         facades = [lemon] if plain is None else [lemon, plain]
 
         async def quiet() -> None:
@@ -678,8 +744,10 @@ async def bench_cold(ctx: Context) -> None:
         await quiet()
         _, result = await timed_run(lemon, "import os\nprint(os.getppid())", scope)
         parent = int(result.content.strip().splitlines()[-1])
-        report.context("cold_start_kernel_parent",
-                       "host" if parent == os.getpid() else cmdline(parent) or str(parent))
+        report.context(
+            "cold_start_kernel_parent",
+            "host" if parent == os.getpid() else cmdline(parent) or str(parent),
+        )
 
         async def run_lemon(ec: ExecuteCode, key: str) -> None:
             await quiet()
@@ -711,8 +779,9 @@ async def bench_cold(ctx: Context) -> None:
     report.context("raw_jupyter_cold_start_p50_ms", statistics.median(samples["raw"]))
     report.stats["raw_jupyter_cold_start_ms"] = summarize(samples["raw"])
     if samples["lemon_no_fork"]:
-        report.context("cold_start_no_fork_server_p50_ms",
-                       statistics.median(samples["lemon_no_fork"]))
+        report.context(
+            "cold_start_no_fork_server_p50_ms", statistics.median(samples["lemon_no_fork"])
+        )
         report.stats["cold_start_no_fork_server_ms"] = summarize(samples["lemon_no_fork"])
 
 
@@ -795,8 +864,12 @@ async def bench_helpers(ctx: Context) -> None:
     tiny.write_text("hello from the benchmark\n")
     block_bytes = 200_000
     config = lemon_config(
-        kernel_mode="session", warm_kernels=0, max_parallel_rpc=4, max_rpc_calls=1_000_000,
-        max_rpc_result_bytes=1 << 30, max_text_bytes=(plan.text_blocks + 2) * block_bytes * 2,
+        kernel_mode="session",
+        warm_kernels=0,
+        max_parallel_rpc=4,
+        max_rpc_calls=1_000_000,
+        max_rpc_result_bytes=1 << 30,
+        max_text_bytes=(plan.text_blocks + 2) * block_bytes * 2,
     )
     scope = ctx.scope("bench-helpers")
     rtt: list[float] = []
@@ -805,15 +878,28 @@ async def bench_helpers(ctx: Context) -> None:
     async with ExecuteCode(config) as ec:
         await timed_run(ec, "pass", scope)
         for _ in range(plan.helper_runs):
-            _, result = await timed_run(ec, HELPER_RTT_SCRIPT.format(
-                path=str(tiny), calls=plan.helper_calls, marker=RESULT_MARKER), scope)
+            _, result = await timed_run(
+                ec,
+                HELPER_RTT_SCRIPT.format(
+                    path=str(tiny), calls=plan.helper_calls, marker=RESULT_MARKER
+                ),
+                scope,
+            )
             rtt.extend(script_json(result))
-        _, result = await timed_run(ec, BATCH_SCRIPT.format(
-            path=str(tiny), reps=plan.batch_reps, marker=RESULT_MARKER), scope)
+        _, result = await timed_run(
+            ec,
+            BATCH_SCRIPT.format(path=str(tiny), reps=plan.batch_reps, marker=RESULT_MARKER),
+            scope,
+        )
         batches.extend(script_json(result))
         for _ in range(plan.text_runs):
-            _, result = await timed_run(ec, TEXT_SCRIPT.format(
-                block_bytes=block_bytes, blocks=plan.text_blocks, marker=RESULT_MARKER), scope)
+            _, result = await timed_run(
+                ec,
+                TEXT_SCRIPT.format(
+                    block_bytes=block_bytes, blocks=plan.text_blocks, marker=RESULT_MARKER
+                ),
+                scope,
+            )
             data = script_json(result)
             rates.append(data["bytes"] / MIB / data["seconds"])
     report.figure("helper_rtt_p50_ms", statistics.median(rtt), rtt)
@@ -829,7 +915,7 @@ async def bench_flood(ctx: Context) -> None:
     hwm_growth: list[float] = []
     seconds: list[float] = []
     for _ in range(plan.flood_runs):
-        data = await run_child("flood", ctx.workdir)
+        data = await run_child("flood", ctx.workdir, plan)
         growth.append(data["growth_mib"])
         if data.get("hwm_growth_mib") is not None:
             hwm_growth.append(data["hwm_growth_mib"])
@@ -843,12 +929,12 @@ async def bench_flood(ctx: Context) -> None:
         report.context("flood_host_hwm_growth_mb", max(hwm_growth))
 
 
-async def child_flood(workdir: Path) -> dict[str, Any]:
+async def child_flood(workdir: Path, settle_s: float) -> dict[str, Any]:
     """In a fresh process: warm up, then print 100 MiB and watch this process's RSS."""
     scope = SessionScope("bench-flood", "bench", str(workdir))
     async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
         await timed_run(ec, "print('warm-up ' * 1000)", scope)
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(settle_s)
         await wait_quiet(ec, 1, 30)
         gc.collect()
         before = rss_kib()
@@ -896,8 +982,11 @@ async def bench_idle(ctx: Context) -> None:
             raw_mib, raw_procs = tree_rss_mib(raw_pid)
             raw_pss = tree_pss_uss_mib(raw_pid)
             mine = {raw_pid, *descendants(raw_pid)}
-            helpers = [{"pid": p, "rss_mib": round(rss_kib(p) / 1024, 1), "cmd": cmdline(p)}
-                       for p in descendants(os.getpid()) if p not in mine]
+            helpers = [
+                {"pid": p, "rss_mib": round(rss_kib(p) / 1024, 1), "cmd": cmdline(p)}
+                for p in descendants(os.getpid())
+                if p not in mine
+            ]
         finally:
             await raw.aclose()
     report.figure("idle_kernel_rss_mb", lemon_mib)
@@ -917,12 +1006,15 @@ async def bench_sessions16(ctx: Context) -> None:
     plan, report = ctx.plan, ctx.report
     scopes = [ctx.scope(f"bench-s16-{i}") for i in range(16)]
     counts = [0] * 16
-    async with ExecuteCode(lemon_config(kernel_mode="session", warm_kernels=0,
-                                        max_live_kernels=16)) as ec:
+    async with ExecuteCode(
+        lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=16)
+    ) as ec:
+        await timed_run(ec, "x = 0", scopes[0])  # the first start brings up a fork server
+        await asyncio.sleep(plan.settle_s)
         t0 = time.monotonic()
-        await asyncio.gather(*(timed_run(ec, "x = 0", s) for s in scopes))
-        report.context("sessions16_startup_s", time.monotonic() - t0)
-        for _ in range(3):  # warm-up rounds
+        await asyncio.gather(*(timed_run(ec, "x = 0", s) for s in scopes[1:]))
+        report.context("sessions16_start_15_s", time.monotonic() - t0)
+        for _ in range(2 if plan.quick else 3):  # warm-up rounds
             await asyncio.gather(*(timed_run(ec, "x += 1", s) for s in scopes))
         start = time.monotonic()
         end = start + plan.sessions16_s
@@ -936,9 +1028,12 @@ async def bench_sessions16(ctx: Context) -> None:
         wall = time.monotonic() - start
         live = ec.snapshot()["live"]
     report.figure("sessions16_cells_per_s", sum(counts) / wall)
-    report.stats["sessions16_cells_per_s"] = {"n": sum(counts), "seconds": round(wall, 2),
-                                              "per_session_min": min(counts),
-                                              "per_session_max": max(counts)}
+    report.stats["sessions16_cells_per_s"] = {
+        "n": sum(counts),
+        "seconds": round(wall, 2),
+        "per_session_min": min(counts),
+        "per_session_max": max(counts),
+    }
     report.context("sessions16_live_kernels", live)
 
 
@@ -957,12 +1052,19 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
 # -- child processes ------------------------------------------------------------------------------
 
 
-async def run_child(name: str, workdir: Path, timeout: float = 120) -> dict[str, Any]:
+async def run_child(name: str, workdir: Path, plan: Plan, timeout: float = 120) -> dict[str, Any]:
     """Run ``bench/run.py --child NAME`` and return the JSON it prints; killed on any exit."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, str(Path(__file__).resolve()), "--child", name,
-        "--workdir", str(workdir),
-        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=None,
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--child",
+        name,
+        "--workdir",
+        str(workdir),
+        *(["--quick"] if plan.quick else []),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=None,
     )
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), timeout)
@@ -981,7 +1083,9 @@ async def run_child(name: str, workdir: Path, timeout: float = 120) -> dict[str,
     return json.loads(out)
 
 
-CHILDREN: dict[str, Callable[[Path], Awaitable[dict[str, Any]]]] = {"flood": child_flood}
+CHILDREN: dict[str, Callable[[Path, float], Awaitable[dict[str, Any]]]] = {
+    "flood": child_flood,
+}
 
 
 # -- driver ---------------------------------------------------------------------------------------
@@ -1025,8 +1129,10 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     machine = machine_info(interpreter)
     report = Report()
     started = time.monotonic()
-    log(f"{'quick' if plan.quick else 'full'} run of {', '.join(groups)}; "
-        f"load average {machine['loadavg_start']}")
+    log(
+        f"{'quick' if plan.quick else 'full'} run of {', '.join(groups)}; "
+        f"load average {machine['loadavg_start']}"
+    )
     with tempfile.TemporaryDirectory(prefix="lemon-bench-") as tmp:
         ctx = Context(plan=plan, report=report, workdir=Path(tmp), interpreter=interpreter)
         for group in groups:
@@ -1042,19 +1148,24 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                         report.errors[name] = message
             log(f"{group} done in {time.monotonic() - t0:.1f} s")
     machine["loadavg_end"] = _loadavg()
-    out: dict[str, Any] = {name: report.figures.get(name) for name, (_u, g) in FIGURES.items()
-                           if g in groups}
+    out: dict[str, Any] = {
+        name: report.figures.get(name) for name, (_u, g) in FIGURES.items() if g in groups
+    }
     out["machine"] = machine
     out["targets"] = {
         name: {"op": op, "value": limit, "pass": verdict(name, report.figures.get(name))}
-        for name, (op, limit) in TARGETS.items() if FIGURES[name][1] in groups
+        for name, (op, limit) in TARGETS.items()
+        if FIGURES[name][1] in groups
     }
     out["stats"] = report.stats
     out["extra"] = report.extra
     out["errors"] = report.errors
-    out["run"] = {"quick": plan.quick, "groups": groups,
-                  "seconds": round(time.monotonic() - started, 1),
-                  "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    out["run"] = {
+        "quick": plan.quick,
+        "groups": groups,
+        "seconds": round(time.monotonic() - started, 1),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     table = format_table(report)
     print(table, file=sys.stderr if args.json else sys.stdout, flush=True)
     if not args.json:
@@ -1065,19 +1176,25 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (under a minute)")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON object on stdout; everything else on stderr")
-    parser.add_argument("--only", metavar="NAME[,NAME]",
-                        help="run only the groups measuring these figures (or groups)")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout; everything else on stderr",
+    )
+    parser.add_argument(
+        "--only",
+        metavar="NAME[,NAME]",
+        help="run only the groups measuring these figures (or groups)",
+    )
     parser.add_argument("--list", action="store_true", help="list figures and groups, then exit")
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-async def _child_main(name: str, workdir: Path) -> dict[str, Any]:
+async def _child_main(name: str, workdir: Path, plan: Plan) -> dict[str, Any]:
     _cancel_on_sigterm()
-    return await CHILDREN[name](workdir)
+    return await CHILDREN[name](workdir, plan.settle_s)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1085,13 +1202,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.list:
         for name, (unit, group) in FIGURES.items():
             target = TARGETS.get(name)
-            print(f"{name:28} {unit:8} group={group:11} "
-                  f"{'target ' + target[0] + ' ' + _num(target[1]) if target else ''}")
+            print(
+                f"{name:28} {unit:8} group={group:11} "
+                f"{'target ' + target[0] + ' ' + _num(target[1]) if target else ''}"
+            )
         return 0
     try:
         if args.child:
             workdir = Path(args.workdir or tempfile.gettempdir())
-            result = asyncio.run(_child_main(args.child, workdir))
+            result = asyncio.run(_child_main(args.child, workdir, Plan.make(args.quick)))
             print(json.dumps(result), flush=True)
             return 0
         out = asyncio.run(amain(args))

@@ -18,7 +18,7 @@ sys.path.insert(0, str(DOCS.parent))  # the checkout's lemon_exec, even when not
 
 project = "lemon_exec"
 author = "lemon_exec maintainers"
-copyright = "lemon_exec maintainers"  # noqa: A001 - Sphinx's name for the setting
+copyright = "lemon_exec maintainers"
 
 extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
@@ -89,13 +89,21 @@ def render_config_reference() -> str:
     for key in keys:
         trait = traits[key]
         env = ENV_PREFIX + key.upper() if key in SETTING_KEYS else "(none)"
-        lines.append(f"| [`{key}`](#config-{key}) | `{env}` | "
-                     f"{_type_name(trait)} | `{_literal(trait.default())}` |")
+        lines.append(
+            f"| [`{key}`](#config-{key}) | `{env}` | "
+            f"{_type_name(trait)} | `{_literal(trait.default())}` |"
+        )
     for key in keys:
         trait = traits[key]
         env = ENV_PREFIX + key.upper() if key in SETTING_KEYS else None
-        lines += ["", f"(config-{key})=", f"## `{key}`", "",
-                  _one_line(trait.help or "(no description)"), ""]
+        lines += [
+            "",
+            f"(config-{key})=",
+            f"## `{key}`",
+            "",
+            _one_line(trait.help or "(no description)"),
+            "",
+        ]
         lines.append(f"- Type: {_type_name(trait)}")
         lines.append(f"- Default: `{_literal(trait.default())}`")
         lines.append(f"- TOML: `{key} = {_literal(trait.default())}` under `[{table}]`")
@@ -106,8 +114,10 @@ def render_config_reference() -> str:
         elif key == "warm_kernels":
             lines.append("- Negative values are raised to 0.")
         elif key == "kernel_mode":
-            lines.append('- Only the exact string `"session"` selects session mode; any other '
-                         'value means `"per_call"`.')
+            lines.append(
+                '- Only the exact string `"session"` selects session mode; any other '
+                'value means `"per_call"`.'
+            )
     return "\n".join(lines) + "\n"
 
 

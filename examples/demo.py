@@ -45,7 +45,10 @@ def count_lines(path: str, body: str) -> int:
         if lines and lines[-1].startswith(TRUNCATED):
             total += len(lines) - 1
             calls += 1
-            body = read(path, offset=total + 1)
+            try:
+                body = read(path, offset=total + 1)
+            except ToolError:  # out of helper budget: count what was read
+                return total
         else:
             return total + len(lines)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from lemon_exec.config import ExecuteCodeConfig
-from lemon_exec.errors import ConfigError
+from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.engine import Engine
 from lemon_exec.host.sessions import SessionOwner, SessionRegistry, run_in_session
@@ -100,6 +100,24 @@ class ExecuteCode:
         script when set. Cancelling the awaiting task counts as the caller's death.
         """
         entered = time.monotonic()
+        result = await self._run(
+            script, entered, timeout_ms, reset, scope, on_update, abort, _owner
+        )
+        result.details["duration_ms"] = int((time.monotonic() - entered) * 1000)
+        self._emit_stop(result)
+        return result
+
+    async def _run(
+        self,
+        script: Any,
+        entered: float,
+        timeout_ms: Any,
+        reset: Any,
+        scope: SessionScope | None,
+        on_update: Callable[[str], None] | None,
+        abort: AbortSignal | None,
+        owner: SessionOwner | None,
+    ) -> ExecuteCodeResult:
         config = self.config
         mode = config.mode
         details: dict[str, Any] = {
@@ -126,13 +144,15 @@ class ExecuteCode:
             interpreter = config.resolve_python(cwd)
         except ConfigError as exc:
             return refusal(str(exc), details)
-        engine = self._ensure_engine()
+        try:
+            engine = self._ensure_engine()
+        except RefusedError as exc:  # the private staging root could not be made
+            return refusal(str(exc), details)
         deadline = entered + effective_ms / 1000
         if mode == "session":
-            owner = _owner
             if owner is None and scope is not None and scope.complete:
                 owner = self._default_owner(scope)
-            result = await run_in_session(
+            return await run_in_session(
                 engine,
                 script,
                 owner=owner,
@@ -146,20 +166,16 @@ class ExecuteCode:
                 on_update=on_update,
                 details=details,
             )
-        else:
-            result = await engine.run_per_call(
-                script,
-                interpreter=interpreter,
-                cwd=cwd,
-                deadline=deadline,
-                timeout_ms=effective_ms,
-                abort=abort,
-                on_update=on_update,
-                details=details,
-            )
-        result.details["duration_ms"] = int((time.monotonic() - entered) * 1000)
-        self._emit_stop(result)
-        return result
+        return await engine.run_per_call(
+            script,
+            interpreter=interpreter,
+            cwd=cwd,
+            deadline=deadline,
+            timeout_ms=effective_ms,
+            abort=abort,
+            on_update=on_update,
+            details=details,
+        )
 
     async def attach(self, scope: SessionScope) -> SessionOwner:
         """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md)."""

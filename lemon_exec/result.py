@@ -117,4 +117,6 @@ def _exit_code(cell: CellResult) -> int | None:
 
 def refusal(message: str, details: dict[str, Any]) -> ExecuteCodeResult:
     """A call refused before any code ran."""
-    return ExecuteCodeResult(message, {**details, "exit_code": None, "error": True})
+    return ExecuteCodeResult(
+        message, {"truncated": False, "duration_ms": 0, **details, "exit_code": None, "error": True}
+    )

@@ -122,6 +122,14 @@ def _root_owner(root: Path) -> int | None:
     return pid if isinstance(pid, int) else None
 
 
+def _only_spills(root: Path) -> bool:
+    """A closed root keeps its owner marker and fresh spill files, by design (24 h)."""
+    try:
+        return {p.name for p in root.iterdir()} <= {"owner", "spill"}
+    except OSError:
+        return False
+
+
 def _staging_roots() -> set[Path]:
     base = Path(tempfile.gettempdir())
     return {p for p in base.glob(_STAGING_PREFIX + "*") if p.is_dir() and not p.is_symlink()}
@@ -147,7 +155,7 @@ class LeakWatch:
         return {
             root
             for root in _staging_roots() - self.roots_before
-            if root.exists() and _root_owner(root) in self.owner_pids
+            if root.exists() and _root_owner(root) in self.owner_pids and not _only_spills(root)
         }
 
 

@@ -36,9 +36,18 @@ def _is_number(value: Any) -> bool:
 @pytest.mark.timeout(180)
 def test_quick_json_subset(leak_watch: Any) -> None:
     proc = subprocess.Popen(
-        [sys.executable, str(BENCH), "--quick", "--json",
-         "--only", "helper_rtt_p50_ms,per_call_p50_ms"],
-        cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            str(BENCH),
+            "--quick",
+            "--json",
+            "--only",
+            "helper_rtt_p50_ms,per_call_p50_ms",
+        ],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
     )
     leak_watch.add_pid(proc.pid)  # its staging roots must be gone at the end of the session

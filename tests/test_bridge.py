@@ -476,7 +476,7 @@ def test_batch_concurrency_bounded_by_max_parallel(
 
 
 def test_batch_uses_at_most_sixteen_threads(ec: ExecuteCode, scope: SessionScope) -> None:
-    script = "batch([('ls', {'path': f'@sleep=0.2;tag={i}'}) for i in range(40)])\n"
+    script = "batch([('ls', {'path': f'@sleep=0.5;tag={i}'}) for i in range(40)])\n"
     with configured(ec, max_parallel_rpc=32):
         result = run(ec, scope, script)
     assert result.details["exit_code"] == 0, result.content

@@ -49,8 +49,13 @@ def _jupyter(*args: str) -> list[str]:
 
 
 def _lemon_exec(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "lemon_exec", *args], capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "lemon_exec", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 # --- the kernelspec ------------------------------------------------------------------------------
@@ -58,12 +63,18 @@ def _lemon_exec(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[
 
 @pytest.mark.timeout(60)
 def test_kernelspec_list_shows_lemon_python() -> None:
-    listing = subprocess.run(_jupyter("kernelspec", "list"), capture_output=True, text=True,
-                             timeout=60, check=True)
+    listing = subprocess.run(
+        _jupyter("kernelspec", "list"), capture_output=True, text=True, timeout=60, check=True
+    )
     assert KERNEL_NAME in listing.stdout.split()
 
-    as_json = subprocess.run(_jupyter("kernelspec", "list", "--json"), capture_output=True,
-                             text=True, timeout=60, check=True)
+    as_json = subprocess.run(
+        _jupyter("kernelspec", "list", "--json"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     spec = json.loads(as_json.stdout)["kernelspecs"][KERNEL_NAME]["spec"]
     assert spec["argv"][1:3] == ["-m", "lemon_exec.kernel"]
     assert "{connection_file}" in spec["argv"]
@@ -82,24 +93,39 @@ def test_nbclient_runs_lemon_python_without_a_host(tmp_path: Path) -> None:
     cells = [
         new_code_cell('text("hello from text()")'),
         new_code_cell('notify("progress message")'),
-        new_code_cell('try:\n    read("anything.txt")\nexcept ToolError as exc:\n'
-                      '    print(type(exc).__name__, "|", exc)'),
+        new_code_cell(
+            'try:\n    read("anything.txt")\nexcept ToolError as exc:\n'
+            '    print(type(exc).__name__, "|", exc)'
+        ),
         new_code_cell('ls(".")', metadata={"tags": ["raises-exception"]}),
         new_code_cell("x = 21\nx * 2"),
-        new_code_cell("from IPython.display import Markdown, display\n"
-                      'display(Markdown("**shown**"))'),
+        new_code_cell(
+            'from IPython.display import Markdown, display\ndisplay(Markdown("**shown**"))'
+        ),
         new_code_cell("%load_ext autoreload\nbatch([])"),
     ]
-    nb = new_notebook(cells=cells, metadata={"kernelspec": {
-        "name": KERNEL_NAME, "display_name": "Python 3 (lemon_exec)", "language": "python"}})
-    client = nbclient.NotebookClient(nb, kernel_name=KERNEL_NAME, timeout=60,
-                                     resources={"metadata": {"path": str(tmp_path)}})
+    nb = new_notebook(
+        cells=cells,
+        metadata={
+            "kernelspec": {
+                "name": KERNEL_NAME,
+                "display_name": "Python 3 (lemon_exec)",
+                "language": "python",
+            }
+        },
+    )
+    client = nbclient.NotebookClient(
+        nb, kernel_name=KERNEL_NAME, timeout=60, resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()
     nbformat.validate(nb)
 
     def streams(i: int, name: str) -> str:
-        return "".join(o["text"] for o in nb.cells[i].outputs
-                       if o["output_type"] == "stream" and o["name"] == name)
+        return "".join(
+            o["text"]
+            for o in nb.cells[i].outputs
+            if o["output_type"] == "stream" and o["name"] == name
+        )
 
     def result(i: int) -> dict[str, Any]:
         found = [o for o in nb.cells[i].outputs if o["output_type"] == "execute_result"]
@@ -161,8 +187,9 @@ def test_kernel_info(plain_kernel: Any) -> None:
 @pytest.mark.timeout(60)
 def test_execute_complete_inspect(plain_kernel: Any) -> None:
     kc = plain_kernel
-    reply = kc.execute_interactive("import os\nvalue_for_inspection = [1, 2, 3]", timeout=15,
-                                   allow_stdin=False)
+    reply = kc.execute_interactive(
+        "import os\nvalue_for_inspection = [1, 2, 3]", timeout=15, allow_stdin=False
+    )
     assert reply["content"]["status"] == "ok"
 
     completion = kc.complete("os.pa", reply=True, timeout=15)["content"]
@@ -183,8 +210,10 @@ def test_execute_complete_inspect(plain_kernel: Any) -> None:
 @pytest.mark.timeout(60)
 def test_is_complete(plain_kernel: Any) -> None:
     kc = plain_kernel
-    answers = {code: _shell_reply(kc, kc.is_complete(code))["content"]
-               for code in ("x = 1", "for i in range(3):", "x = )")}
+    answers = {
+        code: _shell_reply(kc, kc.is_complete(code))["content"]
+        for code in ("x = 1", "for i in range(3):", "x = )")
+    }
     assert answers["x = 1"]["status"] == "complete"
     assert answers["for i in range(3):"]["status"] == "incomplete"
     assert answers["for i in range(3):"]["indent"] == "    "
@@ -195,8 +224,9 @@ def test_is_complete(plain_kernel: Any) -> None:
 def test_history_and_comm_info(plain_kernel: Any) -> None:
     kc = plain_kernel
     kc.execute_interactive("history_marker = 1", timeout=15, allow_stdin=False)
-    history = kc.history(hist_access_type="tail", n=10, output=False, raw=True, reply=True,
-                         timeout=15)["content"]
+    history = kc.history(
+        hist_access_type="tail", n=10, output=False, raw=True, reply=True, timeout=15
+    )["content"]
     assert history["status"] == "ok"
     assert isinstance(history["history"], list)
     for entry in history["history"]:
@@ -211,8 +241,13 @@ def test_history_and_comm_info(plain_kernel: Any) -> None:
 @pytest.fixture(scope="module")
 def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ExecuteCode, SessionScope]]:
     """A session-mode host in this process (synchronous facade on its own loop thread)."""
-    config = ExecuteCodeConfig(enabled=True, kernel_mode="session", warm_kernels=0,
-                               python_path=sys.executable, timeout_ms=30_000)
+    config = ExecuteCodeConfig(
+        enabled=True,
+        kernel_mode="session",
+        warm_kernels=0,
+        python_path=sys.executable,
+        timeout_ms=30_000,
+    )
     tool = ExecuteCode(config)
     scope = SessionScope("jupyter-native", "agent", tmp_path_factory.mktemp("agent-cwd"))
     try:
@@ -225,8 +260,11 @@ def _index_row(kernel_id: str, timeout: float = 5.0) -> dict[str, Any]:
     """This process's index row for ``kernel_id`` (the index is written within 0.2 s)."""
     deadline = time.monotonic() + timeout
     while True:
-        rows = [r for r in read_indexes()
-                if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()]
+        rows = [
+            r
+            for r in read_indexes()
+            if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()
+        ]
         if rows and rows[0].get("phase") == "idle":
             return rows[0]
         if time.monotonic() > deadline:
@@ -306,8 +344,9 @@ def test_second_client_reads_agent_state_without_leaking(
     tool, scope = host
     person = _person(agent_kernel["connection_file"])
     try:
-        out, reply = _person_runs(person, "print('PERSON sees', agent_var['answer'])\n"
-                                          "person_var = 7")
+        out, reply = _person_runs(
+            person, "print('PERSON sees', agent_var['answer'])\nperson_var = 7"
+        )
         assert reply["status"] == "ok"
         assert out == "PERSON sees 42\n"
 
@@ -322,10 +361,13 @@ def test_second_client_reads_agent_state_without_leaking(
 
         def agent() -> None:
             try:
-                pending.set_result(tool.run_sync(
-                    "import time\nprint('agent call 3 start', flush=True)\ntime.sleep(0.8)\n"
-                    "print('agent call 3 end')\ntext(f\"answer={agent_var['answer']}\")",
-                    scope=scope))
+                pending.set_result(
+                    tool.run_sync(
+                        "import time\nprint('agent call 3 start', flush=True)\ntime.sleep(0.8)\n"
+                        "print('agent call 3 end')\ntext(f\"answer={agent_var['answer']}\")",
+                        scope=scope,
+                    )
+                )
             except BaseException as exc:  # pragma: no cover - reported by the assert below
                 pending.set_exception(exc)
 
@@ -353,13 +395,20 @@ def test_second_client_reads_agent_state_without_leaking(
 
 
 @pytest.mark.timeout(120)
-def test_jupyter_console_existing(host: tuple[ExecuteCode, SessionScope],
-                                  agent_kernel: dict[str, Any]) -> None:
+def test_jupyter_console_existing(
+    host: tuple[ExecuteCode, SessionScope], agent_kernel: dict[str, Any]
+) -> None:
     pytest.importorskip("jupyter_console")
     tool, scope = host
     cmd = _jupyter("console", "--existing", agent_kernel["connection_file"], "--simple-prompt")
-    proc = subprocess.run(cmd, input="print('console sees', agent_var['answer'])\n",
-                          capture_output=True, text=True, timeout=90, check=False)
+    proc = subprocess.run(
+        cmd,
+        input="print('console sees', agent_var['answer'])\n",
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
     assert "console sees 42" in proc.stdout, proc.stdout + proc.stderr
     assert "keeping kernel alive" in proc.stdout  # end of input is Ctrl-D: the kernel stays
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.errors import RefusedError
 from lemon_exec.host import staging
 from lemon_exec.host.staging import (
@@ -133,6 +134,30 @@ def test_close_removes_everything_and_is_idempotent(tmp_path: Path) -> None:
     with StagingRoot.create(tmp_path) as other:
         path = other.path
     assert not path.exists()
+
+
+def test_close_keeps_fresh_spill_files_readable(tmp_path: Path) -> None:
+    created = StagingRoot.create(tmp_path)
+    write_private_file(created.new_workspace(), "a.txt", b"data")
+    spill = write_private_file(created.spill_dir, SPILL_PREFIX + "abc", b"full output")
+    created.close()
+    # The result named this file: it stays readable after the tool closed (spec: 24 hours).
+    assert spill.read_bytes() == b"full output"
+    assert sorted(p.name for p in created.path.iterdir()) == ["owner", "spill"]
+    assert not created.work_dir.exists() and not created.runtime_dir.exists()
+
+
+def test_sweep_removes_expired_spills_and_then_the_root(tmp_path: Path, dead_pid: int) -> None:
+    stale = fake_root(tmp_path, "lemon-exec-dead", {"pid": dead_pid, "created": 1, "version": 1})
+    fresh = stale / "spill" / (SPILL_PREFIX + "fresh")
+    fresh.write_text("recent")
+    assert sweep_stale_roots(tmp_path) == 0  # a fresh spill keeps the root
+    assert fresh.read_text() == "recent"
+    assert not (stale / "work").exists()
+    old = time.time() - 2 * 86_400
+    os.utime(fresh, (old, old))
+    assert sweep_stale_roots(tmp_path) == 1
+    assert not stale.exists()
 
 
 # --- fail closed ----------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ def register(subparsers: Any) -> None:
             "file. Open one with `lemon-exec attach ID`."
         ),
     )
-    listing.add_argument("--json", action="store_true", dest="as_json",
-                         help="print a JSON array instead of a table")
+    listing.add_argument(
+        "--json", action="store_true", dest="as_json", help="print a JSON array instead of a table"
+    )
     _add_tmpdir(listing)
     listing.set_defaults(func=kernels_command)
 
@@ -60,17 +61,26 @@ def register(subparsers: Any) -> None:
         ),
     )
     attach.add_argument("kernel_id", metavar="ID", help="a kernel id, or a unique prefix of one")
-    attach.add_argument("--print", action="store_true", dest="print_only",
-                        help="only print the command (and the connection file), do not run it")
-    attach.add_argument("--qtconsole", action="store_true",
-                        help="open `jupyter qtconsole` instead of `jupyter console`")
+    attach.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_only",
+        help="only print the command (and the connection file), do not run it",
+    )
+    attach.add_argument(
+        "--qtconsole",
+        action="store_true",
+        help="open `jupyter qtconsole` instead of `jupyter console`",
+    )
     _add_tmpdir(attach)
     attach.set_defaults(func=attach_command)
 
 
 def _add_tmpdir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--tmpdir", metavar="DIR", default=None,
+        "--tmpdir",
+        metavar="DIR",
+        default=None,
         help="where the hosts' staging roots live (default: the temp dir, $TMPDIR or /tmp)",
     )
 
@@ -85,18 +95,20 @@ def kernel_rows(base: str | None = None, *, now: float | None = None) -> list[di
     for raw in read_indexes(base):
         started = _number(raw.get("started_unix"), now)
         last_used = _number(raw.get("last_used_unix"), started)
-        rows.append({
-            "id": str(raw.get("public_id", "")),
-            "mode": str(raw.get("mode", "")),
-            "phase": str(raw.get("phase", "")),
-            "age_s": round(max(0.0, now - started), 1),
-            "idle_s": round(max(0.0, now - last_used), 1),
-            "cells": int(_number(raw.get("cells"), 0)),
-            "host_pid": raw.get("host_pid"),
-            "connection_file": str(raw.get("connection_file", "")),
-            "started_unix": started,
-            "last_used_unix": last_used,
-        })
+        rows.append(
+            {
+                "id": str(raw.get("public_id", "")),
+                "mode": str(raw.get("mode", "")),
+                "phase": str(raw.get("phase", "")),
+                "age_s": round(max(0.0, now - started), 1),
+                "idle_s": round(max(0.0, now - last_used), 1),
+                "cells": int(_number(raw.get("cells"), 0)),
+                "host_pid": raw.get("host_pid"),
+                "connection_file": str(raw.get("connection_file", "")),
+                "started_unix": started,
+                "last_used_unix": last_used,
+            }
+        )
     rows.sort(key=lambda r: (r["started_unix"], r["id"]))
     return rows
 
@@ -123,15 +135,23 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """The rows as an aligned text table (the last column is left unpadded)."""
     cells = [list(_COLUMNS)]
     for r in rows:
-        cells.append([
-            r["id"], r["mode"], r["phase"], format_duration(r["age_s"]),
-            format_duration(r["idle_s"]), str(r["cells"]), str(r["host_pid"]),
-            r["connection_file"],
-        ])
+        cells.append(
+            [
+                r["id"],
+                r["mode"],
+                r["phase"],
+                format_duration(r["age_s"]),
+                format_duration(r["idle_s"]),
+                str(r["cells"]),
+                str(r["host_pid"]),
+                r["connection_file"],
+            ]
+        )
     widths = [max(len(line[i]) for line in cells) for i in range(len(_COLUMNS) - 1)]
     return "\n".join(
         "  ".join(value.ljust(width) for value, width in zip(line, widths, strict=False))
-        + "  " + line[-1]
+        + "  "
+        + line[-1]
         for line in cells
     )
 
@@ -142,8 +162,10 @@ def kernels_command(args: argparse.Namespace) -> int:
     if args.as_json:
         print(json.dumps(rows, indent=2))
     elif not rows:
-        print("no live lemon_exec kernels (of this user, under "
-              f"{args.tmpdir or 'the temp dir'})", file=sys.stderr)
+        print(
+            f"no live lemon_exec kernels (of this user, under {args.tmpdir or 'the temp dir'})",
+            file=sys.stderr,
+        )
     else:
         print(format_table(rows))
     return EXIT_OK
@@ -171,7 +193,9 @@ def find_kernel(prefix: str, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(matches) > 1:
         raise KernelLookupError(
             f"{prefix!r} matches {len(matches)} kernels ("
-            + ", ".join(r["id"] for r in matches) + "); give more of the id")
+            + ", ".join(r["id"] for r in matches)
+            + "); give more of the id"
+        )
     return matches[0]
 
 
@@ -192,26 +216,37 @@ def attach_command(args: argparse.Namespace) -> int:
         return EXIT_NOT_FOUND
     connection_file = row["connection_file"]
     if not os.path.isfile(connection_file):
-        print(f"lemon-exec attach: the connection file of kernel {row['id']} is gone "
-              f"({connection_file}); the kernel has probably just stopped", file=sys.stderr)
+        print(
+            f"lemon-exec attach: the connection file of kernel {row['id']} is gone "
+            f"({connection_file}); the kernel has probably just stopped",
+            file=sys.stderr,
+        )
         return EXIT_NOT_FOUND
     argv = console_command(connection_file, qtconsole=args.qtconsole)
     if args.print_only:
         print(shlex.join(argv))
         return EXIT_OK
-    print(f"Attaching to kernel {row['id']} ({row['mode']}, {row['phase']}, "
-          f"{row['cells']} cells run).", file=sys.stderr)
+    print(
+        f"Attaching to kernel {row['id']} ({row['mode']}, {row['phase']}, "
+        f"{row['cells']} cells run).",
+        file=sys.stderr,
+    )
     if row["mode"] != "session":
-        print("Note: this is a per-call kernel; it is stopped when its call ends.",
-              file=sys.stderr)
-    print("Leave with Ctrl-D or exit(keep_kernel=True); a bare `exit` shuts the kernel "
-          "down and the agent loses its state.", file=sys.stderr)
+        print("Note: this is a per-call kernel; it is stopped when its call ends.", file=sys.stderr)
+    print(
+        "Leave with Ctrl-D or exit(keep_kernel=True); a bare `exit` shuts the kernel "
+        "down and the agent loses its state.",
+        file=sys.stderr,
+    )
     sys.stderr.flush()
     sys.stdout.flush()
     try:
         os.execvp(argv[0], argv)
     except OSError as exc:
-        print(f"lemon-exec attach: cannot run {argv[0]}: {exc}; install jupyter_console "
-              f"or run: {shlex.join(argv)}", file=sys.stderr)
+        print(
+            f"lemon-exec attach: cannot run {argv[0]}: {exc}; install jupyter_console "
+            f"or run: {shlex.join(argv)}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     return EXIT_OK  # pragma: no cover - execvp does not return

@@ -28,8 +28,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "notebook",
         help="run notebooks as execute_code scenarios",
-        description="Notebook scenarios: every code cell is one execute_code call in one "
-        "session.",
+        description="Notebook scenarios: every code cell is one execute_code call in one session.",
     )
     actions = parser.add_subparsers(dest="notebook_command", metavar="ACTION")
     actions.required = True
@@ -47,18 +46,28 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument("notebook", metavar="IN.ipynb", help="the scenario notebook")
     target = run.add_mutually_exclusive_group()
-    target.add_argument("-o", "--output", metavar="OUT.ipynb", default=None,
-                        help="write the executed notebook here")
-    target.add_argument("--inplace", action="store_true",
-                        help="write the executed notebook back to IN")
-    run.add_argument("--normalize", action="store_true",
-                     help="write normalised outputs (placeholders for paths, durations, "
-                     "kernel ids), as stored golden outputs are")
-    run.add_argument("--check", action="store_true",
-                     help="compare the results with the outputs IN holds (normalised); "
-                     "exit 1 on any difference")
-    run.add_argument("--keep-cwd", action="store_true",
-                     help="keep the scenario's temporary working folder and print its path")
+    target.add_argument(
+        "-o", "--output", metavar="OUT.ipynb", default=None, help="write the executed notebook here"
+    )
+    target.add_argument(
+        "--inplace", action="store_true", help="write the executed notebook back to IN"
+    )
+    run.add_argument(
+        "--normalize",
+        action="store_true",
+        help="write normalised outputs (placeholders for paths, durations, "
+        "kernel ids), as stored golden outputs are",
+    )
+    run.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the results with the outputs IN holds (normalised); exit 1 on any difference",
+    )
+    run.add_argument(
+        "--keep-cwd",
+        action="store_true",
+        help="keep the scenario's temporary working folder and print its path",
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="print only failures")
     run.set_defaults(func=run_command)
 
@@ -68,8 +77,11 @@ def run_command(args: argparse.Namespace) -> int:
     try:
         from lemon_exec.notebooks import runner
     except ImportError as exc:  # nbformat is the notebook extra
-        print(f"lemon-exec notebook: {exc.name or exc} is not installed; install "
-              "lemon_exec[notebook] (nbformat)", file=sys.stderr)
+        print(
+            f"lemon-exec notebook: {exc.name or exc} is not installed; install "
+            "lemon_exec[notebook] (nbformat)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     path = Path(args.notebook)
     try:
@@ -89,8 +101,7 @@ def run_command(args: argparse.Namespace) -> int:
             print(f"    FAILED: {failure}")
 
     try:
-        result = runner.run_scenario_sync(nb, path=path, progress=progress,
-                                          keep_cwd=args.keep_cwd)
+        result = runner.run_scenario_sync(nb, path=path, progress=progress, keep_cwd=args.keep_cwd)
     except runner.ScenarioError as exc:
         print(f"lemon-exec notebook: {path}: {exc}", file=sys.stderr)
         return EXIT_USAGE

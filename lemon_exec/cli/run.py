@@ -17,13 +17,10 @@ import contextlib
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 from typing import Any
 
-from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
@@ -151,45 +148,12 @@ async def _run(
             installed.append(signum)
     try:
         async with ExecuteCode(config) as tool:
+            # The spill file a result names outlives the tool (24 h; see host/staging.py).
             result = await tool.run(script, timeout_ms=timeout_ms, on_update=_notify, abort=abort)
-            _keep_spill(result)
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
     return result, (received[0] if received else None)
-
-
-def _keep_spill(result: ExecuteCodeResult) -> None:
-    """Move the full-output spill file out of the staging root before the tool closes.
-
-    The staging root (spill files included) is removed when the tool closes, which for this
-    one-shot command is right after the run; the path the result names must outlive it.
-    """
-    old = result.details.get("full_output_path")
-    if not isinstance(old, str) or not os.path.isfile(old):
-        return
-    try:
-        fd, new = tempfile.mkstemp(prefix=SPILL_PREFIX, suffix=".txt")  # 0600, like the spill
-    except OSError as exc:
-        _error(f"warning: could not keep the full output (it will be removed): {exc}")
-        return
-    try:
-        try:
-            os.replace(old, new)  # the staging root is in the same temp dir: no copy
-        except OSError:
-            with os.fdopen(os.dup(fd), "wb") as out, open(old, "rb") as src:
-                shutil.copyfileobj(src, out)
-    except OSError as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(new)
-        _error(f"warning: could not keep the full output (it will be removed): {exc}")
-        return
-    finally:
-        os.close(fd)
-    result.details["full_output_path"] = new
-    result.content = result.content.replace(
-        f"[Full output saved to: {old}]", f"[Full output saved to: {new}]"
-    )
 
 
 def _notify(message: str) -> None:

@@ -174,7 +174,9 @@ class SessionRegistry:
         self._engine = engine
         self._salt = secrets.token_bytes(16)
         self._shared: dict[SessionKey, SessionKernel] = {}
-        self._bindings: dict[int, SessionKernel] = {}
+        # owner → its kernel per key: an owner whose key changes (helper set, interpreter)
+        # keeps its other kernels, as a session owns several kernels in the spec.
+        self._bindings: dict[int, dict[SessionKey, SessionKernel]] = {}
         self._entries: set[SessionKernel] = set()
         self._fork_counter = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
@@ -253,18 +255,17 @@ class SessionRegistry:
             self._release(entry, ticket)
 
     def _entry_for(self, owner_id: int, key: SessionKey) -> SessionKernel:
-        entry = self._bindings.get(owner_id)
-        if entry is not None and entry.key == key:
+        bound = self._bindings.setdefault(owner_id, {})
+        entry = bound.get(key)
+        if entry is not None:
             return entry
-        if entry is not None:  # the owner's scope changed key: leave the old kernel
-            self._unbind(owner_id)
         entry = self._shared.get(key)
         if entry is None:
             entry = SessionKernel(key, key.kernel_id(self._salt, 0), 0)
             self._shared[key] = entry
             self._entries.add(entry)
         entry.owners.add(owner_id)
-        self._bindings[owner_id] = entry
+        bound[key] = entry
         return entry
 
     def _fork(self, owner_id: int, shared: SessionKernel) -> SessionKernel:
@@ -274,7 +275,7 @@ class SessionRegistry:
         entry = SessionKernel(shared.key, shared.key.kernel_id(self._salt, fork_no), fork_no)
         entry.owners.add(owner_id)
         self._entries.add(entry)
-        self._bindings[owner_id] = entry
+        self._bindings.setdefault(owner_id, {})[shared.key] = entry
         return entry
 
     async def _acquire(self, entry: SessionKernel, owner_id: int, deadline: float,
@@ -417,21 +418,18 @@ class SessionRegistry:
         if self._shared.get(entry.key) is entry:
             del self._shared[entry.key]
 
-    def _unbind(self, owner_id: int) -> SessionKernel | None:
-        entry = self._bindings.pop(owner_id, None)
-        if entry is None:
-            return None
-        entry.owners.discard(owner_id)
-        for ticket in list(entry.queue):
-            if ticket.owner_id == owner_id:
-                entry.queue.remove(ticket)
-                if not ticket.granted.done():
-                    ticket.granted.set_exception(_OwnerGone())
-        if entry.active is not None and entry.active.owner_id == owner_id:
-            entry.active.abort.set()  # its kernel is discarded when the cell ends
-        elif not entry.owners and entry.active is None:
-            self._stop_entry(entry, "owners_gone")
-        return entry
+    def _unbind(self, owner_id: int) -> None:
+        for entry in self._bindings.pop(owner_id, {}).values():
+            entry.owners.discard(owner_id)
+            for ticket in list(entry.queue):
+                if ticket.owner_id == owner_id:
+                    entry.queue.remove(ticket)
+                    if not ticket.granted.done():
+                        ticket.granted.set_exception(_OwnerGone())
+            if entry.active is not None and entry.active.owner_id == owner_id:
+                entry.active.abort.set()  # its kernel is discarded when the cell ends
+            elif not entry.owners and entry.active is None:
+                self._stop_entry(entry, "owners_gone")
 
     async def detach(self, owner_id: int) -> None:
         self._unbind(owner_id)

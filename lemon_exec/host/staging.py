@@ -47,6 +47,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OWNER_MARKER = "owner"
+_SPILL_DIR = "spill"
+#: Spill files stay readable this long, also after the process that wrote them is gone.
+SPILL_MAX_AGE_S = 86_400.0
 _MARKER_VERSION = 1
 _MARKER_MAX_BYTES = 4096
 
@@ -349,8 +352,13 @@ def sweep_stale_roots(base: Path | str | None = None, *, max_roots: int = 64) ->
     return removed
 
 
-def _remove_root(root: Path) -> bool:
-    """Bounded removal of a whole root, keeping its owner marker until everything else is gone."""
+def _remove_root(root: Path, *, spill_max_age_s: float = SPILL_MAX_AGE_S) -> bool:
+    """Bounded removal of a root, keeping its owner marker until everything else is gone.
+
+    Spill files younger than ``spill_max_age_s`` are kept (a result names them, and the spec
+    keeps them readable for 24 hours); the root then stays, holding only the marker and
+    those files, until a later sweep finds them expired.
+    """
     try:
         fd = os.open(root, _DIR_FLAGS)
     except FileNotFoundError:
@@ -359,8 +367,16 @@ def _remove_root(root: Path) -> bool:
         return False
     try:
         budget = _Budget(REMOVE_TREE_MAX_ENTRIES)
-        if not _clear_dir(fd, budget, depth=1, keep=frozenset({OWNER_MARKER})):
+        if not _clear_dir(fd, budget, depth=1, keep=frozenset({OWNER_MARKER, _SPILL_DIR})):
             return False
+        spill = root / _SPILL_DIR
+        _reap_dir(spill, time.time() - spill_max_age_s, budget, lambda _path: False)
+        try:
+            os.rmdir(_SPILL_DIR, dir_fd=fd)
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return False  # live spill files remain: keep the root (and its marker) for now
         os.unlink(OWNER_MARKER, dir_fd=fd)
     except FileNotFoundError:
         pass
@@ -443,7 +459,7 @@ class StagingRoot:
     @property
     def spill_dir(self) -> Path:
         """Where output spill files go."""
-        return self._path / "spill"
+        return self._path / _SPILL_DIR
 
     @property
     def work_dir(self) -> Path:
@@ -469,7 +485,7 @@ class StagingRoot:
 
     def reap_spills(
         self,
-        max_age_s: float = 86_400,
+        max_age_s: float = SPILL_MAX_AGE_S,
         batch: int = 1000,
         *,
         now: float | None = None,
@@ -497,18 +513,23 @@ class StagingRoot:
                 stop_after=1,
             )
             for root in stale:
-                removed += _reap_dir(root / "spill", current - max_age_s, budget, is_active)
+                removed += _reap_dir(root / _SPILL_DIR, current - max_age_s, budget, is_active)
         return removed
 
     def close(self) -> None:
-        """Remove the whole root (bounded). Safe to call more than once."""
+        """Remove the root (bounded), keeping spill files younger than 24 hours.
+
+        A result's ``full_output_path`` stays readable after the tool closes; a later
+        process's stale-root sweep removes the files once they expire. Safe to call more
+        than once.
+        """
         if self._closed:
             return
         self._closed = True
-        if not remove_tree(self._path):
-            logger.warning(
-                "execute_code: workspace %s was too large to remove in one pass; "
-                "it will be swept after this process exits",
+        if not _remove_root(self._path):
+            logger.info(
+                "execute_code: keeping %s for its spill files (or it was too large to remove "
+                "in one pass); it is swept after this process exits",
                 self._path,
             )
 

@@ -14,7 +14,9 @@ import contextlib
 import getpass
 import inspect
 import linecache
+import os
 import sys
+import time
 import traceback
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -78,17 +80,31 @@ class NoStdin:
         pass
 
 
+_real_exit = os._exit
+
+#: How long os._exit() in a script waits after flushing, so queued output leaves the socket.
+_EXIT_DRAIN_S = 0.05
+
+
+def _flushing_exit(code: int) -> None:
+    # A script's last words before os._exit() would otherwise often die in the IOPub queue.
+    _flush()
+    time.sleep(_EXIT_DRAIN_S)
+    _real_exit(code)
+
+
 class _InputGuard:
-    """Swap in the input refusals for the duration of one script."""
+    """Swap in the input refusals (and a flushing os._exit) for the duration of one script."""
 
     def __enter__(self) -> None:
-        self._saved = (builtins.input, getpass.getpass, sys.stdin)
+        self._saved = (builtins.input, getpass.getpass, sys.stdin, os._exit)
         builtins.input = _refuse_input
         getpass.getpass = _refuse_getpass
         sys.stdin = NoStdin()  # type: ignore[assignment]
+        os._exit = _flushing_exit  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:
-        builtins.input, getpass.getpass, sys.stdin = self._saved
+        builtins.input, getpass.getpass, sys.stdin, os._exit = self._saved
 
 
 def register_source(filename: str, code: str) -> None:

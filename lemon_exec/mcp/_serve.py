@@ -23,7 +23,7 @@ __all__ = ["RemoteHostRefused", "is_loopback_host", "parse_http_address", "run_h
 log = logging.getLogger(__name__)
 
 # After a signal, how long the facade's shutdown may take before the process exits anyway.
-_SHUTDOWN_GRACE_S = 40.0
+_SHUTDOWN_GRACE_S = 20.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 REMOTE_REFUSED = (
@@ -98,14 +98,16 @@ async def _stop_on_signal(
             received.append(signum)
             scope.cancel()  # ends serving; the lifespan then closes the facade
             break
-    # The SDK's stdin reader blocks in a thread that a cancellation cannot interrupt, so
-    # serving may never unwind while the client keeps stdin open. Wait (shielded) for the
-    # lifespan's cleanup, which runs before that point, then leave without the reader.
-    with anyio.CancelScope(shield=True):
-        with anyio.move_on_after(_SHUTDOWN_GRACE_S):
-            while server.open_lifespans:
-                await anyio.sleep(0.05)
-        await anyio.sleep(0.5)  # a normal exit, if it is going to happen, happens now
+        # Still inside the receiver: a second Ctrl-C or SIGTERM cannot kill the process
+        # half-way through stopping the kernels (the wait is bounded).
+        # The SDK's stdin reader blocks in a thread that a cancellation cannot interrupt, so
+        # serving may never unwind while the client keeps stdin open. Wait (shielded) for
+        # the lifespan's cleanup, which runs before that point, then leave without the reader.
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(_SHUTDOWN_GRACE_S):
+                while server.open_lifespans:
+                    await anyio.sleep(0.05)
+            await anyio.sleep(0.2)  # a normal exit, if it is going to happen, happens now
     sys.stderr.flush()
     os._exit(128 + received[0])
 

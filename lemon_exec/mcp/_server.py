@@ -40,6 +40,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
 from lemon_exec import __version__
 from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import SessionScope
@@ -68,7 +69,7 @@ AGENT_ID = "mcp"
 # INT -> TERM -> KILL with 1 s graces and the shell kills at once, so this is ample.
 _CANCEL_GRACE_S = 15.0
 # Upper bound for ExecuteCode.aclose() when the server stops.
-_CLOSE_TIMEOUT_S = 30.0
+_CLOSE_TIMEOUT_S = 15.0
 
 _EXECUTE_COMMAND_DESCRIPTION = (
     "Run a shell command with /bin/bash -c in this server's shell session and return JSON: "
@@ -269,6 +270,8 @@ class LemonExecServer(MCPServer[_Lifespan]):
             else:
                 loop.call_soon_threadsafe(_send_quietly, send, message)
 
+        result: ExecuteCodeResult | None = None
+        failure: LemonExecError | None = None
         async with anyio.create_task_group() as tg:
             tg.start_soon(_forward_progress, ctx, receive)
             try:
@@ -281,10 +284,18 @@ class LemonExecServer(MCPServer[_Lifespan]):
                         on_update=on_update,
                     )
                 )
+            except LemonExecError as exc:
+                failure = exc  # raised below: a task group would wrap it in a group
             finally:
                 # Ends the forwarder once it has sent what is queued, so every progress
                 # notification goes out before the result.
                 send.close()
+        if failure is not None:
+            # Script failures are results; this is the host failing (e.g. no private staging
+            # directory): the model gets the message, the log the traceback.
+            log.warning("execute_code failed", exc_info=failure)
+            raise ToolError(str(failure)) from failure
+        assert result is not None
         return _code_result(result)
 
     async def _execute_command(self, arguments: Mapping[str, Any], ctx: Context) -> CallToolResult:

@@ -44,9 +44,7 @@ _GENERIC_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # A scenario's temporary working directory.
     (
-        re.compile(
-            rf"(?:/{_SEGMENT})*/{re.escape(SCENARIO_DIR_PREFIX)}[A-Za-z0-9_]+"
-        ),
+        re.compile(rf"(?:/{_SEGMENT})*/{re.escape(SCENARIO_DIR_PREFIX)}[A-Za-z0-9_]+"),
         "<cwd>",
     ),
     # Output spill files and per-kernel file names.
@@ -61,9 +59,7 @@ _GENERIC_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     # Timestamps, then clock times, then fractional durations.
     (
-        re.compile(
-            r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"
-        ),
+        re.compile(r"\b\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?"),
         "<datetime>",
     ),
     (re.compile(r"\b\d\d:\d\d:\d\d(?:[.,]\d+)?\b"), "<time>"),
@@ -183,6 +179,7 @@ def _compile_rules(rules: Iterable[Sequence[str]]) -> list[tuple[re.Pattern[str]
 def _temp_rules() -> list[tuple[re.Pattern[str], str]]:
     """Other mkdtemp()/mkstemp() names under the temp dir: ``<tmp>``."""
     bases = {tempfile.gettempdir(), os.path.realpath(tempfile.gettempdir())}
-    alternatives = "|".join(re.escape(b.rstrip(os.sep)) for b in sorted(bases, key=len,
-                                                                        reverse=True))
+    alternatives = "|".join(
+        re.escape(b.rstrip(os.sep)) for b in sorted(bases, key=len, reverse=True)
+    )
     return [(re.compile(rf"(?:{alternatives})/tmp[A-Za-z0-9_]{{8}}(?![A-Za-z0-9_])"), "<tmp>")]

@@ -82,8 +82,11 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = (root / name).resolve()
         if not folder.is_dir() or any(folder == c or c in folder.parents for c in covered):
             continue
-        if any(_declares_scenario(p) for p in folder.rglob("*.ipynb")
-               if ".ipynb_checkpoints" not in p.parts):
+        if any(
+            _declares_scenario(p)
+            for p in folder.rglob("*.ipynb")
+            if ".ipynb_checkpoints" not in p.parts
+        ):
             config.args.append(str(folder))
 
 
@@ -144,8 +147,10 @@ class ScenarioFailure(Exception):
             lines.append("Expectations not met:")
             lines += [f"  {msg}" for msg in self.failures]
         if self.mismatches:
-            lines.append("Results differ from the stored outputs "
-                         "(if the change is intended, rerun with --lemon-regen):")
+            lines.append(
+                "Results differ from the stored outputs "
+                "(if the change is intended, rerun with --lemon-regen):"
+            )
             for msg in self.mismatches:
                 lines += [f"  {line}" for line in msg.splitlines()]
         return "\n".join(lines)
@@ -158,8 +163,9 @@ class ScenarioFile(pytest.File):
         try:
             import nbformat  # noqa: F401
         except ImportError:
-            pytest.skip("nbformat is not installed: install lemon_exec[notebook] to run "
-                        "scenario notebooks")
+            pytest.skip(
+                "nbformat is not installed: install lemon_exec[notebook] to run scenario notebooks"
+            )
         item = ScenarioItem.from_parent(self, name=self.path.stem)
         item.add_marker(_MARKER)
         if self.config.pluginmanager.hasplugin("timeout"):
@@ -188,8 +194,9 @@ class ScenarioItem(pytest.Item):
         if not result.ok or mismatches:
             raise ScenarioFailure(result.failures(), mismatches)
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> str | Any:
+    def repr_failure(
+        self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None
+    ) -> str | Any:
         if isinstance(excinfo.value, ScenarioFailure):
             return f"scenario {self.path.name} failed\n{excinfo.value}"
         return super().repr_failure(excinfo, style=style)

@@ -64,8 +64,7 @@ __all__ = [
 METADATA_KEY = "lemon"
 
 #: The kernelspec scenario notebooks declare, so JupyterLab opens them with lemon-python.
-KERNELSPEC = {"name": "lemon-python", "display_name": "Python 3 (lemon_exec)",
-              "language": "python"}
+KERNELSPEC = {"name": "lemon-python", "display_name": "Python 3 (lemon_exec)", "language": "python"}
 
 #: ``metadata.lemon.output`` values that mark the outputs this runner writes.
 RESULT_OUTPUT = "result"
@@ -101,11 +100,14 @@ class CellOptions:
             raise ScenarioError(f"{where}: metadata.lemon must be an object")
         unknown = sorted(set(raw) - _CELL_KEYS)
         if unknown:
-            raise ScenarioError(f"{where}: unknown metadata.lemon key(s): {', '.join(unknown)} "
-                                f"(known: {', '.join(sorted(_CELL_KEYS))})")
+            raise ScenarioError(
+                f"{where}: unknown metadata.lemon key(s): {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(_CELL_KEYS))})"
+            )
         timeout_ms = raw.get("timeout_ms")
-        if timeout_ms is not None and (isinstance(timeout_ms, bool)
-                                       or not isinstance(timeout_ms, int)):
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int)
+        ):
             raise ScenarioError(f"{where}: timeout_ms must be an integer")
         reset = raw.get("reset", False)
         if not isinstance(reset, bool):
@@ -149,8 +151,10 @@ class ScenarioOptions:
             raise ScenarioError("notebook metadata.lemon must be an object")
         unknown = sorted(set(raw) - _NOTEBOOK_KEYS)
         if unknown:
-            raise ScenarioError(f"unknown notebook metadata.lemon key(s): {', '.join(unknown)} "
-                                f"(known: {', '.join(sorted(_NOTEBOOK_KEYS))})")
+            raise ScenarioError(
+                f"unknown notebook metadata.lemon key(s): {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(_NOTEBOOK_KEYS))})"
+            )
         config = dict(raw.get("config") or {})
         bad = sorted(set(config) - set(SETTING_KEYS))
         if bad:
@@ -172,8 +176,7 @@ class ScenarioOptions:
         Unless the notebook says otherwise, kernels run under the interpreter running the
         scenario and no warm spares are kept (a spare would make ``kernel_source`` vary).
         """
-        values: dict[str, Any] = {"warm_kernels": 0, "python_path": sys.executable,
-                                  **self.config}
+        values: dict[str, Any] = {"warm_kernels": 0, "python_path": sys.executable, **self.config}
         values.update(enabled=True, kernel_mode=mode)
         try:
             return ExecuteCodeConfig(**values)
@@ -194,22 +197,24 @@ def _validate_expect(expect: Any, where: str) -> None:
             continue
         if isinstance(item, Mapping) and all(isinstance(k, str) for k in item):
             continue
-        raise ScenarioError(f"{where}: expect must be a details flag, an object of details "
-                            "values, or a list of those")
+        raise ScenarioError(
+            f"{where}: expect must be a details flag, an object of details "
+            "values, or a list of those"
+        )
 
 
 def check_expectations(expect: Any, details: Mapping[str, Any]) -> list[str]:
     """The unmet expectations of one call (empty when it went as expected)."""
-    items = [{"exit_code": 0}] if expect is None else (
-        expect if isinstance(expect, list) else [expect])
+    items = (
+        [{"exit_code": 0}] if expect is None else (expect if isinstance(expect, list) else [expect])
+    )
     failures: list[str] = []
     for item in items:
         if isinstance(item, str):
             if item == "ok":
                 item = {"exit_code": 0}
             elif not details.get(item):
-                failures.append(f"expected {item}, but details[{item!r}] is "
-                                f"{details.get(item)!r}")
+                failures.append(f"expected {item}, but details[{item!r}] is {details.get(item)!r}")
                 continue
             else:
                 continue
@@ -239,8 +244,12 @@ class CallRecord:
 
     def record(self) -> Record:
         """The comparable record (not normalised)."""
-        return {"content": self.content, "notify": list(self.notify), "trust": self.trust,
-                "details": dict(self.details)}
+        return {
+            "content": self.content,
+            "notify": list(self.notify),
+            "trust": self.trust,
+            "details": dict(self.details),
+        }
 
     @property
     def summary(self) -> str:
@@ -263,8 +272,11 @@ class ScenarioResult:
         return not any(call.failures for call in self.calls)
 
     def failures(self) -> list[str]:
-        return [f"cell {c.execution_count} ({c.summary!r}): {msg}"
-                for c in self.calls for msg in c.failures]
+        return [
+            f"cell {c.execution_count} ({c.summary!r}): {msg}"
+            for c in self.calls
+            for msg in c.failures
+        ]
 
 
 # --- notebooks -----------------------------------------------------------------------------------
@@ -290,13 +302,17 @@ def save_notebook(nb: NotebookNode, path: str | os.PathLike[str]) -> None:
 def is_scenario(metadata: Mapping[str, Any]) -> bool:
     """Whether notebook metadata marks a lemon scenario (a ``lemon`` entry or kernelspec)."""
     spec = metadata.get("kernelspec") or {}
-    return METADATA_KEY in metadata or (isinstance(spec, Mapping)
-                                        and spec.get("name") == KERNELSPEC["name"])
+    return METADATA_KEY in metadata or (
+        isinstance(spec, Mapping) and spec.get("name") == KERNELSPEC["name"]
+    )
 
 
 def _code_cells(nb: NotebookNode) -> list[tuple[int, NotebookNode]]:
-    return [(i, c) for i, c in enumerate(nb.cells)
-            if c.get("cell_type") == "code" and str(c.get("source", "")).strip()]
+    return [
+        (i, c)
+        for i, c in enumerate(nb.cells)
+        if c.get("cell_type") == "code" and str(c.get("source", "")).strip()
+    ]
 
 
 # --- running -------------------------------------------------------------------------------------
@@ -317,14 +333,13 @@ async def run_scenario(
     """
     options = ScenarioOptions.from_metadata(nb.metadata)
     name = Path(path).stem if path is not None else "notebook"
-    cells = [(i, c, CellOptions.from_metadata(c.metadata, f"cell {i}"))
-             for i, c in _code_cells(nb)]
+    cells = [(i, c, CellOptions.from_metadata(c.metadata, f"cell {i}")) for i, c in _code_cells(nb)]
     configs = {mode: options.build_config(mode) for mode in _MODES}
     own_tmp = options.cwd == "tmp"
     if own_tmp:
         cwd = Path(tempfile.mkdtemp(prefix=SCENARIO_DIR_PREFIX)).resolve()
     else:
-        cwd = (Path(path).resolve().parent if path is not None else Path.cwd().resolve())
+        cwd = Path(path).resolve().parent if path is not None else Path.cwd().resolve()
     normalizer = Normalizer(_placeholders(options, path, cwd), options.normalize)
     facades: dict[str, ExecuteCode] = {}
     calls: list[CallRecord] = []
@@ -337,13 +352,21 @@ async def run_scenario(
             notes: list[str] = []
             scope = SessionScope(f"scenario:{name}:{cell_options.session}", "notebook", cwd)
             result = await facade.run(
-                str(cell.source), timeout_ms=cell_options.timeout_ms, reset=cell_options.reset,
-                scope=scope, on_update=notes.append,
+                str(cell.source),
+                timeout_ms=cell_options.timeout_ms,
+                reset=cell_options.reset,
+                scope=scope,
+                on_update=notes.append,
             )
             call = CallRecord(
-                cell_index=index, execution_count=count, source=str(cell.source),
-                options=cell_options, content=result.content, details=dict(result.details),
-                trust=result.trust, notify=notes,
+                cell_index=index,
+                execution_count=count,
+                source=str(cell.source),
+                options=cell_options,
+                content=result.content,
+                details=dict(result.details),
+                trust=result.trust,
+                notify=notes,
                 failures=check_expectations(cell_options.expect, result.details),
             )
             calls.append(call)
@@ -359,8 +382,9 @@ async def run_scenario(
     return ScenarioResult(Path(path) if path is not None else None, cwd, calls, normalized)
 
 
-def _placeholders(options: ScenarioOptions, path: str | os.PathLike[str] | None,
-                  cwd: Path | None) -> dict[str, str]:
+def _placeholders(
+    options: ScenarioOptions, path: str | os.PathLike[str] | None, cwd: Path | None
+) -> dict[str, str]:
     """Concrete paths of a run and their placeholders (the working folder wins)."""
     paths: dict[str, str] = {}
     if path is not None:
@@ -379,8 +403,7 @@ def run_scenario_sync(nb: NotebookNode, **kwargs: Any) -> ScenarioResult:
 # --- outputs -------------------------------------------------------------------------------------
 
 
-def status_line(details: Mapping[str, Any], trust: str = "trusted",
-                notify: int = 0) -> str:
+def status_line(details: Mapping[str, Any], trust: str = "trusted", notify: int = 0) -> str:
     """One line of Markdown saying how a call went (outcome, mode, kernel, counts)."""
     parts = [f"**{_outcome(details)}**"]
     mode = details.get("mode")
@@ -401,10 +424,12 @@ def status_line(details: Mapping[str, Any], trust: str = "trusted",
         parts.append(f"earlier state lost (`{details['kernel_lost_reason']}`)")
     if mode == "session" and details.get("persistent") and not details.get("state_retained"):
         parts.append("**state lost**")
-    for key, one, many in (("text_blocks", "text block", "text blocks"),
-                           ("rpc_calls", "helper call", "helper calls"),
-                           ("rpc_denied", "denied", "denied"),
-                           ("rpc_errors", "helper error", "helper errors")):
+    for key, one, many in (
+        ("text_blocks", "text block", "text blocks"),
+        ("rpc_calls", "helper call", "helper calls"),
+        ("rpc_denied", "denied", "denied"),
+        ("rpc_errors", "helper error", "helper errors"),
+    ):
         n = details.get(key) or 0
         if n:
             parts.append(f"{n} {one if n == 1 else many}")
@@ -418,8 +443,13 @@ def status_line(details: Mapping[str, Any], trust: str = "trusted",
 
 
 def _outcome(details: Mapping[str, Any]) -> str:
-    for flag, word in (("timed_out", "timed out"), ("cancelled", "cancelled"),
-                       ("crashed", "crashed"), ("busy", "busy"), ("error", "refused")):
+    for flag, word in (
+        ("timed_out", "timed out"),
+        ("cancelled", "cancelled"),
+        ("crashed", "crashed"),
+        ("busy", "busy"),
+        ("error", "refused"),
+    ):
         if details.get(flag):
             return word
     code = details.get("exit_code")
@@ -431,8 +461,9 @@ def render_markdown(record: Mapping[str, Any]) -> str:
     details = record.get("details") or {}
     content = str(record.get("content", ""))
     fence = "`" * max(3, _longest_backtick_run(content) + 1)
-    status = status_line(details, str(record.get("trust", "trusted")),
-                         len(record.get("notify") or []))
+    status = status_line(
+        details, str(record.get("trust", "trusted")), len(record.get("notify") or [])
+    )
     return f"{status}\n\n{fence}text\n{content.rstrip(chr(10))}\n{fence}\n"
 
 
@@ -444,32 +475,53 @@ def _longest_backtick_run(text: str) -> int:
     return longest
 
 
-def outputs_for(record: Mapping[str, Any], execution_count: int,
-                failures: list[str] | None = None) -> list[NotebookNode]:
+def outputs_for(
+    record: Mapping[str, Any], execution_count: int, failures: list[str] | None = None
+) -> list[NotebookNode]:
     """The cell outputs of one call: notify stream, result, record (and failures)."""
     outputs: list[NotebookNode] = []
     notify = list(record.get("notify") or [])
     if notify:
-        outputs.append(new_output("stream", name="stdout",
-                                  text="".join(f"notify: {m}\n" for m in notify)))
-    outputs.append(new_output(
-        "execute_result",
-        data={"text/plain": str(record.get("content", "")),
-              "text/markdown": render_markdown(record)},
-        metadata={METADATA_KEY: {"output": RESULT_OUTPUT}},
-        execution_count=execution_count,
-    ))
-    stored = {"trust": record.get("trust", "trusted"), "notify": notify,
-              "details": record.get("details") or {}}
-    outputs.append(new_output(
-        "display_data",
-        data={"application/json": stored,
-              "text/plain": json.dumps(stored, indent=1, sort_keys=True)},
-        metadata={METADATA_KEY: {"output": RECORD_OUTPUT}, "application/json": {"expanded": False}},
-    ))
+        outputs.append(
+            new_output("stream", name="stdout", text="".join(f"notify: {m}\n" for m in notify))
+        )
+    outputs.append(
+        new_output(
+            "execute_result",
+            data={
+                "text/plain": str(record.get("content", "")),
+                "text/markdown": render_markdown(record),
+            },
+            metadata={METADATA_KEY: {"output": RESULT_OUTPUT}},
+            execution_count=execution_count,
+        )
+    )
+    stored = {
+        "trust": record.get("trust", "trusted"),
+        "notify": notify,
+        "details": record.get("details") or {},
+    }
+    outputs.append(
+        new_output(
+            "display_data",
+            data={
+                "application/json": stored,
+                "text/plain": json.dumps(stored, indent=1, sort_keys=True),
+            },
+            metadata={
+                METADATA_KEY: {"output": RECORD_OUTPUT},
+                "application/json": {"expanded": False},
+            },
+        )
+    )
     if failures:
-        outputs.append(new_output("stream", name="stderr", text="".join(
-            f"lemon: expectation not met: {msg}\n" for msg in failures)))
+        outputs.append(
+            new_output(
+                "stream",
+                name="stderr",
+                text="".join(f"lemon: expectation not met: {msg}\n" for msg in failures),
+            )
+        )
     return outputs
 
 
@@ -508,16 +560,19 @@ def stored_record(cell: NotebookNode) -> Record | None:
                 stored = value
     if content is None or stored is None:
         return None
-    return {"content": content, "notify": list(stored.get("notify") or []),
-            "trust": stored.get("trust", "trusted"), "details": dict(stored.get("details") or {})}
+    return {
+        "content": content,
+        "notify": list(stored.get("notify") or []),
+        "trust": stored.get("trust", "trusted"),
+        "details": dict(stored.get("details") or {}),
+    }
 
 
 def compare_outputs(nb: NotebookNode, result: ScenarioResult) -> list[str]:
     """Differences between the outputs stored in ``nb`` and a fresh run (empty: a match)."""
     options = ScenarioOptions.from_metadata(nb.metadata)
     # The stored side's temporary folder is unknown: the generic rules catch it.
-    expected_normalizer = Normalizer(_placeholders(options, result.path, None),
-                                     options.normalize)
+    expected_normalizer = Normalizer(_placeholders(options, result.path, None), options.normalize)
     problems: list[str] = []
     ran = {call.cell_index for call in result.calls}
     for index, cell in enumerate(nb.cells):
@@ -527,14 +582,20 @@ def compare_outputs(nb: NotebookNode, result: ScenarioResult) -> list[str]:
         stored = stored_record(nb.cells[call.cell_index])
         where = f"cell {call.execution_count} ({call.summary!r})"
         if stored is None:
-            problems.append(f"{where}: no stored result to compare with "
-                            "(regenerate with --lemon-regen)")
+            problems.append(
+                f"{where}: no stored result to compare with (regenerate with --lemon-regen)"
+            )
             continue
         expected = expected_normalizer.record(stored)
         if expected != actual:
             diff = difflib.unified_diff(
-                _pretty(expected).splitlines(), _pretty(actual).splitlines(),
-                "stored", "this run", lineterm="", n=2)
+                _pretty(expected).splitlines(),
+                _pretty(actual).splitlines(),
+                "stored",
+                "this run",
+                lineterm="",
+                n=2,
+            )
             problems.append(f"{where}: result differs from the stored one\n" + "\n".join(diff))
     return problems
 
@@ -542,5 +603,8 @@ def compare_outputs(nb: NotebookNode, result: ScenarioResult) -> list[str]:
 def _pretty(record: Record) -> str:
     """A diff-friendly rendering: content lines verbatim, then the rest as JSON."""
     rest = {k: v for k, v in record.items() if k != "content"}
-    return "content:\n" + "".join(f"  | {line}\n" for line in record["content"].splitlines()) \
+    return (
+        "content:\n"
+        + "".join(f"  | {line}\n" for line in record["content"].splitlines())
         + json.dumps(rest, indent=1, sort_keys=True)
+    )

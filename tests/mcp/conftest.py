@@ -73,31 +73,76 @@ def lemon_exec_argv(*args: str) -> list[str]:
 
 
 def gone(pid: int, *, group: bool = False, within: float = 3.0) -> bool:
-    """Whether process ``pid`` (or process group ``pid``) is gone, waiting up to ``within`` s.
+    """Whether process ``pid`` (or every process of group ``pid``) is gone, waiting up to
+    ``within`` seconds.
 
-    A zombie still answers signal 0, so a process counts as gone once its /proc entry says Z.
+    Zombies count as gone: they run nothing, and an orphan's zombie waits for PID 1 (in a
+    container, possibly an init that reaps slowly), which says nothing about our cleanup.
     """
     deadline = time.monotonic() + within
     while True:
-        try:
-            if group:
-                os.killpg(pid, 0)
-            else:
-                os.kill(pid, 0)
-        except ProcessLookupError:
-            return True
-        if not group and _is_zombie(pid):
+        if not (_live_group_members(pid) if group else _alive(pid)):
             return True
         if time.monotonic() >= deadline:
             return False
         time.sleep(0.05)
 
 
-def _is_zombie(pid: int) -> bool:
-    with contextlib.suppress(OSError, IndexError):
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return _stat(pid) not in (None, "Z")
+
+
+def _live_group_members(pgid: int) -> list[int]:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return []
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] != "Z" and int(fields[2]) == pgid:
+                members.append(int(entry))
+    return members
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (children, grandchildren, ...), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat_fields(int(entry))
+            if fields is not None and fields[0] != "Z":
+                children.setdefault(int(fields[1]), []).append(int(entry))
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            if child not in found:
+                found.add(child)
+                stack.append(child)
+    return found
+
+
+def _stat(pid: int) -> str | None:
+    fields = _stat_fields(pid)
+    return None if fields is None else fields[0]
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, or None.
+
+    Index 0 is the state, 1 the parent pid, 2 the process group id.
+    """
+    try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] == "Z"
-    return False
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()
 
 
 def read_pid(path: Path, within: float = 30.0) -> int:

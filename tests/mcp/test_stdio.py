@@ -15,12 +15,12 @@ from typing import IO, Any
 
 import anyio
 import pytest
-from mcp import Client, StdioServerParameters
 from mcp_types import TextContent
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from mcp import Client, StdioServerParameters
 
-from .conftest import gone, lemon_exec_argv, read_pid
+from .conftest import descendants, gone, lemon_exec_argv, read_pid
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 
@@ -185,13 +185,17 @@ class _RawServer:
     ("stop", "status"),
     [("sigterm", 128 + signal.SIGTERM), ("sigint", 128 + signal.SIGINT), ("eof", 0)],
 )
-def test_stopping_the_server_stops_a_running_kernel(
+def test_stopping_the_server_stops_every_kernel(
     tmp_path: Path, reap: list[tuple[int, bool]], stop: str, status: int
 ) -> None:
     server = _RawServer(tmp_path)
     pid = server.start_sleeper(tmp_path / "kernel.pid")
     pgid = os.getpgid(pid)
     reap.append((pgid, True))
+    # The running kernel, and whatever else the facade started: spares, the fork server.
+    below = descendants(server.proc.pid)
+    reap.extend((p, False) for p in below)
+    assert pid in below
     started = time.monotonic()
     if stop == "eof":
         assert server.proc.stdin is not None
@@ -202,3 +206,5 @@ def test_stopping_the_server_stops_a_running_kernel(
     assert time.monotonic() - started < 10
     assert gone(pid, within=1)
     assert gone(pgid, group=True, within=1)
+    left = [p for p in below if not gone(p, within=1)]
+    assert not left, f"processes outlived the server: {left}"
