@@ -716,13 +716,13 @@ async def bench_sustained(ctx: Context) -> None:
 async def bench_cold(ctx: Context) -> None:
     """cold_start_p50_ms (no spare) against a plain ipykernel's cold start, alternating.
 
-    When this lemon_exec has a ``fork_server`` setting, cold starts without it are measured
-    too (context ``cold_start_no_fork_server_p50_ms``), in the same alternation.
+    In full runs, when this lemon_exec has a ``fork_server`` setting, cold starts without it
+    are measured too (context ``cold_start_no_fork_server_p50_ms``), in the same rotation.
     """
     plan, report = ctx.plan, ctx.report
     scope = ctx.scope("bench-cold")
     samples: dict[str, list[float]] = {"lemon": [], "lemon_no_fork": [], "raw": []}
-    fork_variant = has_setting("fork_server")
+    fork_variant = has_setting("fork_server") and not plan.quick  # context only: full runs
     async with contextlib.AsyncExitStack() as stack:
         lemon = await stack.enter_async_context(
             ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=0))
@@ -1014,7 +1014,7 @@ async def bench_sessions16(ctx: Context) -> None:
         t0 = time.monotonic()
         await asyncio.gather(*(timed_run(ec, "x = 0", s) for s in scopes[1:]))
         report.context("sessions16_start_15_s", time.monotonic() - t0)
-        for _ in range(2 if plan.quick else 3):  # warm-up rounds
+        for _ in range(1 if plan.quick else 3):  # warm-up rounds
             await asyncio.gather(*(timed_run(ec, "x += 1", s) for s in scopes))
         start = time.monotonic()
         end = start + plan.sessions16_s

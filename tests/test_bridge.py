@@ -676,6 +676,32 @@ print(forge(call_frame(1, token=old_token))['error'])
     assert second.details["text_blocks"] == 0
 
 
+def test_pooled_workers_serve_the_cell_that_submits(ec: ExecuteCode,
+                                                    scope: SessionScope) -> None:
+    """asyncio.to_thread and a reused pool work in later cells; stale queued work does not."""
+    pool_scope = SessionScope("bridge-pool", "agent", cwd=scope.cwd)
+    first = run(ec, pool_scope, """
+import asyncio, threading
+from concurrent.futures import ThreadPoolExecutor
+pool = ThreadPoolExecutor(2)
+gate = threading.Event()
+print(pool.submit(read, 'a.txt').result() == await asyncio.to_thread(read, 'a.txt'))
+stale = pool.submit(lambda: (gate.wait(10), read('a.txt')))
+""")
+    assert first.content == "True\n", first.content
+    assert first.details["rpc_calls"] == 2
+    second = run(ec, pool_scope, """
+import asyncio
+print(pool.submit(read, 'a.txt').result() == await asyncio.to_thread(read, 'a.txt'))
+gate.set()
+print(type(stale.exception(10)).__name__, stale.exception())
+""")
+    lines = second.content.splitlines()
+    assert lines[0] == "True", second.content
+    assert lines[1].startswith("ToolError this thread was started by an earlier execute_code")
+    assert second.details["rpc_calls"] == 2
+
+
 # -- policy and approvals ----------------------------------------------------------------------
 
 

@@ -415,3 +415,75 @@ def test_jupyter_console_existing(
     after = tool.run_sync("text(agent_var['answer'])", scope=scope)
     assert after.content == "Script result (text()):\n42"
     assert after.details["kernel_reused"] is True
+
+
+# --- the scenario plugin, end to end -------------------------------------------------------------
+
+
+def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_scenario_plugin_regenerates_and_detects_changes(tmp_path: Path) -> None:
+    nbformat = pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    path = folder / "scenario.ipynb"
+    nb = new_notebook(
+        metadata={"lemon": {}},
+        cells=[
+            new_markdown_cell("# a tiny scenario"),
+            new_code_cell("import os\nx = 1\ntext(f'x={x} in {os.getcwd()}')"),
+            new_code_cell("text(x + 1)"),
+            new_code_cell("raise SystemExit(2)", metadata={"lemon": {"expect": {"exit_code": 2}}}),
+        ],
+    )
+    nbformat.write(nb, path)
+    # An unrelated notebook next to it (no lemon metadata) is not collected.
+    nbformat.write(new_notebook(cells=[new_code_cell("1 + 1")]), folder / "other.ipynb")
+
+    regen = _pytest_in(tmp_path, "--lemon-regen")
+    assert regen.returncode == 0, regen.stdout + regen.stderr
+    assert "1 passed" in regen.stdout
+    stored = nbformat.read(path, as_version=4)
+    text_outputs = [
+        "".join(o["data"]["text/plain"])
+        for c in stored.cells
+        if c.cell_type == "code"
+        for o in c.outputs
+        if o["output_type"] == "execute_result"
+    ]
+    assert text_outputs == [
+        "Script result (text()):\nx=1 in <cwd>",
+        "Script result (text()):\n2",
+        "Script exited with code 2",
+    ]
+    assert "<kernel-1>" in path.read_text()
+
+    check = _pytest_in(tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    stored.cells[2].source = "text(x + 2)"
+    nbformat.write(stored, path)
+    changed = _pytest_in(tmp_path)
+    assert changed.returncode == 1
+    assert "Results differ from the stored outputs" in changed.stdout
+    assert "-  | 2" in changed.stdout and "+  | 3" in changed.stdout
+
+    stored.cells[3].metadata["lemon"] = {"expect": "timed_out"}
+    nbformat.write(stored, path)
+    cli = _lemon_exec("notebook", "run", str(path), "--check", "-q")
+    assert cli.returncode == 1
+    assert "expected timed_out" in cli.stdout
+    assert "MISMATCH cell 2" in cli.stdout

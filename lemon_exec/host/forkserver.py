@@ -45,7 +45,8 @@ class ForkServer:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._sock: socket.socket | None = None
-        self._ready = asyncio.get_running_loop().create_future()
+        # True once the template said "ready"; False if it exited before that.
+        self._ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self._lock = asyncio.Lock()
         self._exits: dict[int, int] = {}
@@ -84,7 +85,7 @@ class ForkServer:
 
     @property
     def ready(self) -> bool:
-        return self._ready.done() and not self._ready.exception() and self.alive
+        return self._ready.done() and self._ready.result() and self.alive
 
     @property
     def alive(self) -> bool:
@@ -92,10 +93,10 @@ class ForkServer:
 
     async def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
         try:
-            await asyncio.wait_for(asyncio.shield(self._ready), timeout)
-        except (asyncio.TimeoutError, Exception):
+            ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+        except asyncio.TimeoutError:
             return False
-        return self.alive
+        return ready and self.alive
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -114,12 +115,12 @@ class ForkServer:
                     self._children.discard(pid)
                 elif "ready" in msg:
                     if not self._ready.done():
-                        self._ready.set_result(None)
+                        self._ready.set_result(True)
                 else:
                     self._replies.put_nowait(msg)
         finally:
             if not self._ready.done():
-                self._ready.set_exception(RuntimeError("fork server exited before ready"))
+                self._ready.set_result(False)
             self._replies.put_nowait({"error": "fork server exited"})
 
     async def fork(

@@ -4,11 +4,18 @@ A thread inherits the cell of the thread that created it, captured when it is co
 (an untagged creator such as the main thread gives the cell open at that moment). Helpers
 refuse to run in a thread tagged with an earlier cell, so a thread a finished cell left
 behind can never spend a later cell's budget. This is isolation hygiene, not a sandbox.
+
+A pooled worker (``concurrent.futures`` threads, which back ``asyncio.to_thread`` and
+``run_in_executor``) outlives the cell that started it, so while it runs a work item it
+belongs to the cell that *submitted* that item: a pool reused by a later cell works there,
+and work a finished cell left queued is still refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from concurrent.futures import thread as _pool_thread
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,9 +40,31 @@ def _tagging_thread_init(self: threading.Thread, *args: Any, **kwargs: Any) -> N
     setattr(self, _ATTR, creator if creator is not None else STATE.generation)
 
 
+_original_item_init = _pool_thread._WorkItem.__init__
+_original_item_run = _pool_thread._WorkItem.run
+
+
+def _tagging_item_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    _original_item_init(self, *args, **kwargs)
+    with contextlib.suppress(AttributeError):  # a future Python with __slots__: no tagging
+        setattr(self, _ATTR, thread_generation())
+
+
+def _tagging_item_run(self: Any, *args: Any, **kwargs: Any) -> Any:
+    worker = threading.current_thread()
+    saved = getattr(worker, _ATTR, None)
+    setattr(worker, _ATTR, getattr(self, _ATTR, saved))
+    try:
+        return _original_item_run(self, *args, **kwargs)
+    finally:
+        setattr(worker, _ATTR, saved)
+
+
 def install_thread_tagging() -> None:
     """Make every new thread remember the cell it was created in (idempotent)."""
     threading.Thread.__init__ = _tagging_thread_init  # type: ignore[method-assign]
+    _pool_thread._WorkItem.__init__ = _tagging_item_init  # type: ignore[method-assign]
+    _pool_thread._WorkItem.run = _tagging_item_run  # type: ignore[method-assign]
 
 
 def thread_generation() -> int:

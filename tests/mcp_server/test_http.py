@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -10,10 +9,10 @@ import time
 from pathlib import Path
 
 import pytest
+from mcp import Client
 
 from lemon_exec.cli import main
 from lemon_exec.mcp import is_loopback_host, parse_http_address
-from mcp import Client
 
 from .conftest import lemon_exec_argv
 
@@ -126,4 +125,3 @@ def test_mcp_help_names_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for option in ("--only", "--http", "--allow-remote", "--config"):
         assert option in out
-    assert os.environ.get("LEMON_EXECUTE_CODE_WARM_KERNELS") == "0"  # conftest applied

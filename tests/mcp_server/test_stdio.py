@@ -15,10 +15,10 @@ from typing import IO, Any
 
 import anyio
 import pytest
+from mcp import Client, StdioServerParameters
 from mcp_types import TextContent
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from mcp import Client, StdioServerParameters
 
 from .conftest import descendants, gone, lemon_exec_argv, read_pid
 

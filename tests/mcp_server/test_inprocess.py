@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
@@ -21,7 +22,6 @@ from lemon_exec.errors import KernelStartError
 from lemon_exec.mcp import SERVER_NAME, SHELL_SERVER_NAME, build_server
 from lemon_exec.result import UNTRUSTED_CLOSE, UNTRUSTED_OPEN
 from lemon_exec.shell import ShellSession
-from mcp import Client
 
 from .conftest import PAGE_TEXT, gone, read_pid
 
