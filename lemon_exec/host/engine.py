@@ -152,16 +152,15 @@ class Engine:
     ) -> None:
         """Stop ``kernel`` now: SIGTERM its group, one grace period, then SIGKILL."""
         lifetime = int((time.monotonic() - kernel.started_at) * 1000)
-        try:
-            await cells.dispose(kernel)
-        finally:
-            self._live.discard(kernel)
-            self.index.touch()
-            self.telemetry.emit(
-                "kernel.stop",
-                {"lifetime_ms": lifetime, "cells": cells_run},
-                {"mode": mode, "reason": reason},
-            )
+        # If disposal fails the kernel stays tracked, so that closing the facade kills it.
+        await cells.dispose(kernel)
+        self._live.discard(kernel)
+        self.index.touch()
+        self.telemetry.emit(
+            "kernel.stop",
+            {"lifetime_ms": lifetime, "cells": cells_run},
+            {"mode": mode, "reason": reason},
+        )
 
     def discard(self, kernel: ManagedKernel, *, reason: str, mode: str, cells_run: int = 1) -> None:
         """Like :meth:`stop`, in the background; tracked so that close waits for it."""
