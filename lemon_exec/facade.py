@@ -177,6 +177,21 @@ class ExecuteCode:
             details=details,
         )
 
+    async def warm_up(self, cwd: str | os.PathLike[str] | None = None) -> None:
+        """Start the fork server and the per-call spares now, so the first call is warm.
+
+        Optional: without it they start with the first call. Does nothing when disabled or
+        when the interpreter cannot be resolved (the first call reports that).
+        """
+        if not self.config.enabled:
+            return
+        try:
+            interpreter = self.config.resolve_python(cwd)
+            engine = self._ensure_engine()
+        except (ConfigError, RefusedError):
+            return
+        engine.warm_up(interpreter, per_call=self.config.mode != "session")
+
     async def attach(self, scope: SessionScope) -> SessionOwner:
         """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md)."""
         engine = self._ensure_engine()

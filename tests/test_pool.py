@@ -140,3 +140,28 @@ def test_warm_kernels_zero_starts_cold_every_time() -> None:
         sources = [ec.run_sync("pass").details["kernel_source"] for _ in range(2)]
         assert sources == ["cold", "cold"]
         assert ec.snapshot()["spares"] == 0
+
+
+def test_warm_up_makes_the_first_call_warm() -> None:
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=1, fork_server=False)
+        async with ExecuteCode(config) as ec:
+            await ec.warm_up()
+            await _wait_spares(ec)
+            result = await ec.run("print('warm')")
+            assert result.content == "warm\n"
+            assert result.details["kernel_source"] == "spare"
+
+    asyncio.run(main())
+
+
+def test_kernels_skip_debugger_and_jedi_but_scripts_can_import_them() -> None:
+    script = (
+        "import sys\n"
+        "print(sorted(m for m in ('debugpy', 'jedi') if m in sys.modules))\n"
+        "import jedi, debugpy\n"
+        "print(jedi.__name__, debugpy.__name__)\n"
+    )
+    with ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0)) as ec:
+        result = ec.run_sync(script)
+    assert result.content == "[]\njedi debugpy\n", result.content

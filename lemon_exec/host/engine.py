@@ -142,6 +142,12 @@ class Engine:
         self.spawn(server.start())
         return server
 
+    def warm_up(self, interpreter: str, *, per_call: bool) -> None:
+        """Start the fork server, and per-call spares, for ``interpreter`` in the background."""
+        self._fork_server(interpreter)
+        if per_call:
+            self.pool.refill(interpreter)
+
     async def _start_spare(self, interpreter: str) -> ManagedKernel:
         return await self.start_kernel(
             interpreter, str(self.staging.work_dir), mode="per_call", source="spare"

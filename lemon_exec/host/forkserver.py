@@ -72,8 +72,11 @@ class ForkServer:
                 pass_fds=(child_sock.fileno(),),
                 env=self._env,
                 cwd=self._cwd,
+                # Its failures surface as a fallback to an ordinary launch, whose error is
+                # reported; the template's own traceback would only be noise on our stderr.
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
                 start_new_session=True,
             )
         finally:

@@ -10,6 +10,7 @@ from ipykernel.kernelapp import IPKernelApp
 from traitlets import DottedObjectName, Type
 
 from lemon_exec.kernel.kernel import LemonKernel
+from lemon_exec.kernel.lean import restore_optional_modules
 
 
 class LemonKernelApp(IPKernelApp):
@@ -26,6 +27,7 @@ class LemonKernelApp(IPKernelApp):
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)
+        restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
 
     def init_iopub(self, context: Any) -> None:
         super().init_iopub(context)

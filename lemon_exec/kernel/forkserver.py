@@ -39,11 +39,15 @@ def main() -> None:
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args()
     # Import everything a kernel needs now, in the template, so children start warm.
+    from lemon_exec.kernel.lean import skip_optional_modules
+
+    skip_optional_modules()
     importlib.import_module("lemon_exec.kernel.app")
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the host stops the template
     sock = socket.socket(fileno=args.fd)
-    _Template(sock).serve()
+    with contextlib.suppress(OSError):  # the host closed the socket: time to go
+        _Template(sock).serve()
 
 
 class _Template:
