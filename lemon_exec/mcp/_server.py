@@ -236,6 +236,9 @@ class LemonExecServer(MCPServer[_Lifespan]):
         with self._lifespans_lock:
             self._open_lifespans += 1
         try:
+            if facade is not None:
+                # An agent calls soon after connecting: start the fork server and spares now.
+                await facade.warm_up()
             yield _Lifespan(facade)
         finally:
             try:

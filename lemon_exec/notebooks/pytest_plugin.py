@@ -74,7 +74,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Register the marker; add scenario folders to a testpaths run."""
     config.addinivalue_line("markers", f"{_MARKER}: a lemon_exec scenario notebook")
-    if config.args_source is not pytest.Config.ArgsSource.TESTPATHS:
+    # Config.args_source appeared in pytest 7.2; older versions never auto-add.
+    testpaths = getattr(getattr(pytest.Config, "ArgsSource", None), "TESTPATHS", None)
+    if testpaths is None or getattr(config, "args_source", None) is not testpaths:
         return
     root = config.rootpath
     covered = [Path(arg.split("::")[0]).resolve() for arg in config.args]
