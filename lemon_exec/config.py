@@ -160,7 +160,9 @@ class ExecuteCodeConfig(Configurable):
 
     max_live_kernels = Integer(
         16,
-        help="Most kernels alive at once in this host process.",
+        help="Most session kernels alive at once (a strict cap; starting kernels count). "
+        "Admission evicts the least recently used idle one; if none is idle the call runs "
+        "isolated (fallback_reason capacity_exhausted). Per-call kernels are not counted.",
     ).tag(config=True)
 
     max_queued_cells_per_kernel = Integer(

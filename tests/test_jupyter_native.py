@@ -231,6 +231,8 @@ def test_history_and_comm_info(plain_kernel: Any) -> None:
     assert isinstance(history["history"], list)
     for entry in history["history"]:
         assert len(entry) == 3  # (session, line, input)
+    # History is kept in memory (no sqlite file), so it is really there.
+    assert any("history_marker = 1" in entry[2] for entry in history["history"])
     comms = kc.comm_info(reply=True, timeout=15)["content"]
     assert comms["status"] == "ok"
 
@@ -392,6 +394,25 @@ def test_second_client_reads_agent_state_without_leaking(
         assert fourth.details["kernel_id"] == agent_kernel["public_id"]
     finally:
         person.stop_channels()
+
+
+@pytest.mark.timeout(120)
+def test_attached_client_cannot_shut_the_agents_kernel_down(
+    host: tuple[ExecuteCode, SessionScope], agent_kernel: dict[str, Any]
+) -> None:
+    tool, scope = host
+    person = _person(agent_kernel["connection_file"])
+    try:
+        # What `exit` in `jupyter console --existing` sends.
+        reply = person.shutdown(restart=False, reply=True, timeout=15)["content"]
+        assert reply["status"] == "error"
+        assert "managed by lemon_exec" in reply["evalue"]
+    finally:
+        person.stop_channels()
+    time.sleep(0.5)
+    result = tool.run_sync("print(agent_var['answer'])", scope=scope)
+    assert result.content == "42\n"
+    assert result.details["kernel_reused"] is True
 
 
 @pytest.mark.timeout(120)

@@ -27,6 +27,7 @@ from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.pool import KernelPool
 from lemon_exec.host.staging import StagingRoot
+from lemon_exec.kernel.protocol import MANAGED_ENV
 from lemon_exec.result import ExecuteCodeResult, build_result, refusal
 from lemon_exec.telemetry import Telemetry
 from lemon_exec.tools import ToolHost
@@ -115,7 +116,10 @@ class Engine:
         return kernel
 
     def _kernel_env(self) -> dict[str, str]:
-        return {"PYTHONPATH": _join_path(self._pypath, os.environ.get("PYTHONPATH"))}
+        return {
+            "PYTHONPATH": _join_path(self._pypath, os.environ.get("PYTHONPATH")),
+            MANAGED_ENV: "1",  # the kernel refuses shutdown requests from attached clients
+        }
 
     def _fork_server(self, interpreter: str) -> ForkServer | None:
         """The interpreter's fork server, started in the background on first use.

@@ -222,6 +222,8 @@ class SessionRegistry:
                 await self._reset(entry)
                 reset_performed = True
             reused = entry.kernel is not None and await entry.kernel.is_alive()
+            if entry.kernel is not None and not reused:
+                entry.lost_reason = "crashed"  # it died while idle; noticed only now
             lost_reason = None if reused else entry.lost_reason
             if not reused:
                 await self._start(entry)

@@ -21,8 +21,8 @@ class LemonKernelApp(IPKernelApp):
     )
 
     def initialize(self, argv: list[str] | None = None) -> None:
-        # No IPython history database: kernels are short-lived and must leave no files behind.
-        self.config.HistoryManager.enabled = False
+        # History in memory only: history_request works, and no sqlite file is left behind.
+        self.config.HistoryManager.hist_file = ":memory:"
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)

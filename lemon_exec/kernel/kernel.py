@@ -40,6 +40,25 @@ class LemonKernel(IPythonKernel):
         info["lemon_protocol"] = protocol.PROTOCOL_VERSION
         return info
 
+    # -- shutdown -------------------------------------------------------------------------
+
+    async def shutdown_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        # A kernel a lemon_exec host manages belongs to an agent's session: a person attached
+        # with `jupyter console --existing` who types `exit` must not end it. The host never
+        # asks; it stops its kernels with signals.
+        if os.environ.get(protocol.MANAGED_ENV) != "1":
+            await super().shutdown_request(stream, ident, parent)
+            return
+        content = {
+            "status": "error",
+            "restart": bool(parent.get("content", {}).get("restart")),
+            "ename": "ManagedKernel",
+            "evalue": "this kernel is managed by lemon_exec and stops with its session; "
+            "detach with Ctrl-D or exit(keep_kernel=True)",
+            "traceback": [],
+        }
+        self.session.send(stream, "shutdown_reply", content, parent, ident=ident)
+
     # -- host replies on the control channel ----------------------------------------------
 
     async def dispatch_control(self, msg: list[Any]) -> None:

@@ -23,6 +23,10 @@ REPLY_MSG_TYPE = "lemon_reply_request"
 #: Key of the execute_request ``metadata`` entry that turns a cell into a lemon script run.
 CELL_METADATA_KEY = "lemon"
 
+#: Set to "1" in the environment of kernels a lemon_exec host starts and manages: such a
+#: kernel refuses shutdown requests from attached clients (the host stops it with signals).
+MANAGED_ENV = "LEMON_EXEC_MANAGED"
+
 #: Largest serialised frame either side accepts (fixed by the spec).
 FRAME_CAP_BYTES = 256 * 1024
 
