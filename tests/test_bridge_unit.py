@@ -27,8 +27,13 @@ LIMITS = BridgeLimits(max_calls=5, max_result_bytes=100, max_text_bytes=1000, ma
 class Harness:
     """A bridge whose tools are ``echo`` (returns its ``value``) and ``slow``."""
 
-    def __init__(self, limits: BridgeLimits = LIMITS, *, policy: Any = None,
-                 on_notify: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        limits: BridgeLimits = LIMITS,
+        *,
+        policy: Any = None,
+        on_notify: Callable[[str], None] | None = None,
+    ) -> None:
         self.replies: list[dict[str, Any]] = []
         self.active = 0
         self.max_active = 0
@@ -67,18 +72,38 @@ class Harness:
         finally:
             self.active -= 1
 
-    def call(self, call_id: Any, tool: str = "echo", token: str | None = None,
-             **params: Any) -> None:
-        self.bridge.handle({"type": "call", "id": call_id, "tool": tool, "params": params,
-                            "token": self.bridge.token if token is None else token})
+    def call(
+        self, call_id: Any, tool: str = "echo", token: str | None = None, **params: Any
+    ) -> None:
+        self.bridge.handle(
+            {
+                "type": "call",
+                "id": call_id,
+                "tool": tool,
+                "params": params,
+                "token": self.bridge.token if token is None else token,
+            }
+        )
 
     def text(self, n: Any, text: Any, token: str | None = None) -> None:
-        self.bridge.handle({"type": "text", "n": n, "text": text,
-                            "token": self.bridge.token if token is None else token})
+        self.bridge.handle(
+            {
+                "type": "text",
+                "n": n,
+                "text": text,
+                "token": self.bridge.token if token is None else token,
+            }
+        )
 
     def notify(self, msg: Any, token: str | None = None) -> None:
-        self.bridge.handle({"type": "notify", "n": 1, "msg": msg,
-                            "token": self.bridge.token if token is None else token})
+        self.bridge.handle(
+            {
+                "type": "notify",
+                "n": 1,
+                "msg": msg,
+                "token": self.bridge.token if token is None else token,
+            }
+        )
 
     def reply_for(self, call_id: Any) -> dict[str, Any]:
         found = [r for r in self.replies if r.get("id") == call_id]
@@ -99,14 +124,14 @@ def test_token_is_256_bits_url_safe() -> None:
     assert len(tokens) == 50
     for token in tokens:
         assert len(token) == protocol.TOKEN_LENGTH == 43
-        assert set(token) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                                 "0123456789-_")
+        assert set(token) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
 def test_authentication_before_size_lookup_and_budget() -> None:
     async def body() -> None:
-        h = Harness(BridgeLimits(max_calls=1, max_result_bytes=100, max_text_bytes=100,
-                                 max_parallel=1))
+        h = Harness(
+            BridgeLimits(max_calls=1, max_result_bytes=100, max_text_bytes=100, max_parallel=1)
+        )
         h.call(1, "nope", token="wrong", value="x" * 300_000)  # bad token AND oversized/unknown
         h.call(2, token=None)
         h.bridge.handle({"type": "call", "id": 3, "tool": "echo", "params": {}})  # no token
@@ -115,8 +140,7 @@ def test_authentication_before_size_lookup_and_budget() -> None:
         assert h.reply_for(1)["error"] == AUTH_FAILED
         assert h.reply_for(3)["error"] == AUTH_FAILED
         assert h.reply_for(4)["error"] == AUTH_FAILED
-        assert h.reply_for(2) == {"comm_id": h.bridge.comm_id, "id": 2, "ok": True,
-                                  "content": ""}
+        assert h.reply_for(2) == {"comm_id": h.bridge.comm_id, "id": 2, "ok": True, "content": ""}
         s = h.bridge.stats
         assert (s.calls, s.denied, s.errors) == (1, 3, 0)
 
@@ -134,12 +158,13 @@ def test_replay_unknown_malformed_oversized() -> None:
         h.call(3, value="ok")  # the oversized frame did not burn id 3
         for bad in ("4", 0, -1, 2.0, True, None):
             h.call(bad)
-        h.bridge.handle({"type": "call", "id": 5, "token": h.bridge.token, "tool": 7,
-                         "params": []})
+        h.bridge.handle({"type": "call", "id": 5, "token": h.bridge.token, "tool": 7, "params": []})
         await h.settle()
         by_id = [(r["id"], r.get("error") or r.get("content")) for r in h.replies]
         assert by_id[:6] == [
-            (1, REPLAYED), (2, "unknown tool: rm"), (2, REPLAYED),
+            (1, REPLAYED),
+            (2, "unknown tool: rm"),
+            (2, REPLAYED),
             (3, f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)"),
             ("4", "rpc request malformed: id must be a positive integer"),
             (0, "rpc request malformed: id must be a positive integer"),
@@ -156,8 +181,9 @@ def test_replay_unknown_malformed_oversized() -> None:
 
 def test_call_cap_and_result_budget_edges() -> None:
     async def body() -> None:
-        h = Harness(BridgeLimits(max_calls=3, max_result_bytes=10, max_text_bytes=100,
-                                 max_parallel=4))
+        h = Harness(
+            BridgeLimits(max_calls=3, max_result_bytes=10, max_text_bytes=100, max_parallel=4)
+        )
         h.call(1, value="123456")  # 6 bytes
         await h.settle()
         h.call(2, value="12345")  # 5 > 4 remaining: refused, not charged
@@ -169,7 +195,8 @@ def test_call_cap_and_result_budget_edges() -> None:
         assert h.reply_for(1)["ok"] and h.reply_for(3)["ok"]
         assert h.reply_for(2)["error"] == (
             "rpc result budget exceeded: this result is 5 bytes, 4 of max_rpc_result_bytes "
-            "(10) remain")
+            "(10) remain"
+        )
         assert h.reply_for(4)["error"] == "rpc call limit exceeded (max 3 calls per script)"
         s = h.bridge.stats
         assert (s.calls, s.errors, s.result_bytes) == (3, 2, 10)
@@ -180,8 +207,11 @@ def test_call_cap_and_result_budget_edges() -> None:
 def test_denied_and_failed_tools_are_answered() -> None:
     async def body() -> None:
         def policy(call: ToolCall) -> PolicyDecision:
-            return PolicyDecision.deny("nope") if call.params.get("value") == "x" else (
-                PolicyDecision.allow())
+            return (
+                PolicyDecision.deny("nope")
+                if call.params.get("value") == "x"
+                else (PolicyDecision.allow())
+            )
 
         h = Harness(policy=policy)
         h.call(1, value="x")
@@ -240,8 +270,9 @@ def test_text_frames_budget_and_order() -> None:
     async def body() -> None:
         nul = "\0" * 50
         edge = protocol.text_frame_bytes(1, nul) + protocol.text_frame_bytes(2, "\ufffd")
-        h = Harness(BridgeLimits(max_calls=5, max_result_bytes=10, max_text_bytes=edge,
-                                 max_parallel=1))
+        h = Harness(
+            BridgeLimits(max_calls=5, max_result_bytes=10, max_text_bytes=edge, max_parallel=1)
+        )
         h.text(1, "x", token="bad")
         h.text(1, nul)
         h.text(1, "again")  # replay

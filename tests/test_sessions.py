@@ -63,8 +63,12 @@ def record(event: str, measurements: Any, metadata: Any) -> None:
 
 
 def make_facade(**settings: Any) -> ExecuteCode:
-    values: dict[str, Any] = {"enabled": True, "warm_kernels": 0, "kernel_mode": "session",
-                              **settings}
+    values: dict[str, Any] = {
+        "enabled": True,
+        "warm_kernels": 0,
+        "kernel_mode": "session",
+        **settings,
+    }
     return ExecuteCode(ExecuteCodeConfig(**values), policy=policy, on_event=record)
 
 
@@ -156,15 +160,24 @@ def scope_in(work: Path, name: str, **kw: Any) -> SessionScope:
 
 KEPT_ROWS = {
     "success": ("mark = 'success'\nprint('fine')", 0, "fine\n"),
-    "exception": ("mark = 'partial'\nlst = [1]\nlst.append(2)\nraise ValueError('boom')", 1,
-                  "Script raised ValueError: boom"),
+    "exception": (
+        "mark = 'partial'\nlst = [1]\nlst.append(2)\nraise ValueError('boom')",
+        1,
+        "Script raised ValueError: boom",
+    ),
     "system_exit": ("mark = 'exit'\nraise SystemExit(3)", 3, "Script exited with code 3"),
     "input": ("mark = 'input'\ninput('name? ')", 1, "input() is not supported"),
-    "helper_denial": ("mark = 'denied'\nread('secret.txt')", 1,
-                      "read denied by policy: no secrets"),
+    "helper_denial": (
+        "mark = 'denied'\nread('secret.txt')",
+        1,
+        "read denied by policy: no secrets",
+    ),
     "helper_error": ("mark = 'error'\nread('missing.txt')", 1, "no such file"),
-    "helper_budget": ("mark = 'budget'\nfor i in range(5):\n    read('a.txt')", 1,
-                      "rpc call limit exceeded (max 2 calls per script)"),
+    "helper_budget": (
+        "mark = 'budget'\nfor i in range(5):\n    read('a.txt')",
+        1,
+        "rpc call limit exceeded (max 2 calls per script)",
+    ),
 }
 
 
@@ -232,8 +245,9 @@ def test_state_lost(ec: ExecuteCode, work: Path, go: Any, row: str) -> None:
     go(body())
 
 
-def test_caller_death_while_active_discards_the_kernel(ec: ExecuteCode, work: Path,
-                                                        go: Any) -> None:
+def test_caller_death_while_active_discards_the_kernel(
+    ec: ExecuteCode, work: Path, go: Any
+) -> None:
     scope = scope_in(work, "caller-death")
 
     async def body() -> None:
@@ -278,7 +292,8 @@ def test_queue_full_is_busy_and_fifo(ec: ExecuteCode, work: Path, go: Any) -> No
     async def body() -> None:
         await ec.run("order = []", scope=scope)
         a = asyncio.ensure_future(
-            ec.run("import time\ntime.sleep(1.2)\norder.append('A')", scope=scope))
+            ec.run("import time\ntime.sleep(1.2)\norder.append('A')", scope=scope)
+        )
         await wait_running(ec)
         b = asyncio.ensure_future(ec.run("order.append('B')", scope=scope))
         await asyncio.sleep(0.05)
@@ -303,14 +318,16 @@ def test_queue_full_is_busy_and_fifo(ec: ExecuteCode, work: Path, go: Any) -> No
 
 
 @pytest.mark.parametrize("kind", ["asyncio", "threading", "task_cancelled"])
-def test_queued_caller_aborting_leaves_the_queue(ec: ExecuteCode, work: Path, go: Any,
-                                                 kind: str) -> None:
+def test_queued_caller_aborting_leaves_the_queue(
+    ec: ExecuteCode, work: Path, go: Any, kind: str
+) -> None:
     scope = scope_in(work, f"queue-abort-{kind}")
 
     async def body() -> None:
         await ec.run("a_done = False", scope=scope)
         a = asyncio.ensure_future(
-            ec.run("import time\ntime.sleep(1.2)\na_done = True", scope=scope))
+            ec.run("import time\ntime.sleep(1.2)\na_done = True", scope=scope)
+        )
         await wait_running(ec)
         abort: Any = asyncio.Event() if kind == "asyncio" else threading.Event()
         b = asyncio.ensure_future(ec.run("b_ran = True", scope=scope, abort=abort))
@@ -339,21 +356,20 @@ def test_queued_caller_aborting_leaves_the_queue(ec: ExecuteCode, work: Path, go
     go(body())
 
 
-def test_timeout_is_end_to_end_including_queue_wait(ec: ExecuteCode, work: Path,
-                                                    go: Any) -> None:
+def test_timeout_is_end_to_end_including_queue_wait(ec: ExecuteCode, work: Path, go: Any) -> None:
     scope = scope_in(work, "queue-timeout")
 
     async def body() -> None:
         await ec.run("pass", scope=scope)
         t0 = time.monotonic()
-        a = asyncio.ensure_future(ec.run("import time\ntime.sleep(2)\nprint('A')",
-                                         scope=scope))
+        a = asyncio.ensure_future(ec.run("import time\ntime.sleep(2)\nprint('A')", scope=scope))
         await wait_running(ec)
         # Leaves the queue at its deadline, while A still runs.
         b = asyncio.ensure_future(ec.run("b_ran = 1", scope=scope, timeout_ms=1000))
         # Waits ~2 s in the queue, then runs with what is left of its 3 s.
-        c = asyncio.ensure_future(ec.run("import time\ntime.sleep(30)", scope=scope,
-                                         timeout_ms=3000))
+        c = asyncio.ensure_future(
+            ec.run("import time\ntime.sleep(30)", scope=scope, timeout_ms=3000)
+        )
         rb = await b
         b_at = time.monotonic() - t0
         assert 0.9 < b_at < 1.7
@@ -460,8 +476,9 @@ def test_owner_death_while_active(ec: ExecuteCode, work: Path, go: Any) -> None:
 
 
 @pytest.mark.parametrize("how", ["aclose", "close", "gc"])
-def test_kernel_without_owners_stops_at_once(ec: ExecuteCode, work: Path, go: Any,
-                                             how: str) -> None:
+def test_kernel_without_owners_stops_at_once(
+    ec: ExecuteCode, work: Path, go: Any, how: str
+) -> None:
     scope = scope_in(work, f"ownerless-{how}")
 
     async def body() -> None:
@@ -488,8 +505,9 @@ def test_kernel_without_owners_stops_at_once(ec: ExecuteCode, work: Path, go: An
 # -- keys -------------------------------------------------------------------------------------
 
 
-def test_subagents_cwd_agent_and_helpers_select_other_kernels(ec: ExecuteCode, work: Path,
-                                                               go: Any) -> None:
+def test_subagents_cwd_agent_and_helpers_select_other_kernels(
+    ec: ExecuteCode, work: Path, go: Any
+) -> None:
     parent = scope_in(work, "parent")
     child = scope_in(work, "parent-subagent")
     other_cwd = scope_in(work, "parent", cwd=work / "other")
@@ -499,8 +517,9 @@ def test_subagents_cwd_agent_and_helpers_select_other_kernels(ec: ExecuteCode, w
         await ec.run("who = 'parent'", scope=parent)
         pids = {"parent": await pid_of(ec.run, scope=parent)}
         for name, scope in (("child", child), ("cwd", other_cwd), ("agent", other_agent)):
-            result = await ec.run("import os\nprint(globals().get('who'), os.getpid())",
-                                  scope=scope)
+            result = await ec.run(
+                "import os\nprint(globals().get('who'), os.getpid())", scope=scope
+            )
             who, pid = result.content.split()
             assert who == "None", name  # state never migrates between keys
             pids[name] = int(pid)
@@ -566,7 +585,8 @@ def test_lru_eviction_at_the_cap_never_evicts_busy(work: Path, go: Any) -> None:
             p3 = await pid_of(capped.run, scope=s3)
             await capped.run("w = 1", scope=s2)
             busy = asyncio.ensure_future(
-                capped.run("import time\ntime.sleep(1.5)\nw = 2", scope=s3))
+                capped.run("import time\ntime.sleep(1.5)\nw = 2", scope=s3)
+            )
             await wait_running(capped)
             r1 = await capped.run("print(1)", scope=s1)  # must evict idle s2, not busy s3
             assert r1.details["kernel_reused"] is False
@@ -592,14 +612,14 @@ def test_capacity_exhausted_runs_isolated(work: Path, go: Any) -> None:
         try:
             await capped.run("x = 1", scope=s1)
             busy = asyncio.ensure_future(
-                capped.run("import time\ntime.sleep(1.5)\nx = 2", scope=s1))
+                capped.run("import time\ntime.sleep(1.5)\nx = 2", scope=s1)
+            )
             await wait_running(capped)
             result = await capped.run("y = 5\nprint(y)", scope=s2)
             assert result.details["fallback_reason"] == "capacity_exhausted"
             assert result.details["persistent"] is False
             assert result.details["exit_code"] == 0
-            assert result.content == (
-                FALLBACK_NOTE.format(reason="capacity_exhausted") + "\n\n5\n")
+            assert result.content == (FALLBACK_NOTE.format(reason="capacity_exhausted") + "\n\n5\n")
             assert capped.snapshot()["live"] == 1
             done = await busy
             assert done.details["state_retained"] is True
@@ -648,7 +668,8 @@ def test_missing_session_scope_falls_back(ec: ExecuteCode, work: Path, go: Any) 
         result = await ec.run("print('isolated')", scope=None)
         _assert_fallback(result, "missing_session_scope")
         assert result.content == (
-            FALLBACK_NOTE.format(reason="missing_session_scope") + "\n\nisolated\n")
+            FALLBACK_NOTE.format(reason="missing_session_scope") + "\n\nisolated\n"
+        )
         assert not SessionScope("", "agent").complete  # an empty id is no scope either
 
     go(body())
@@ -657,8 +678,9 @@ def test_missing_session_scope_falls_back(ec: ExecuteCode, work: Path, go: Any) 
 @pytest.fixture(scope="module")
 def broken_pythons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("pythons")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")],
-                   check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], check=True, timeout=60
+    )
     exits = root / "exits"
     exits.write_text("#!/bin/sh\necho 'no kernel here' >&2\nexit 3\n")
     exits.chmod(0o755)
@@ -666,8 +688,9 @@ def broken_pythons(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("which", ["venv", "exits"])
-def test_startup_failed_falls_back(ec: ExecuteCode, work: Path, go: Any,
-                                   broken_pythons: dict[str, Path], which: str) -> None:
+def test_startup_failed_falls_back(
+    ec: ExecuteCode, work: Path, go: Any, broken_pythons: dict[str, Path], which: str
+) -> None:
     scope = scope_in(work, f"startup-{which}")
 
     async def body() -> None:
@@ -737,9 +760,20 @@ def test_stop_failed_on_reset_falls_back(work: Path, go: Any, fault: str) -> Non
 # -- snapshot and telemetry ------------------------------------------------------------------------
 
 
-SNAPSHOT_KEYS = {"live", "capacity", "phases", "owners", "forks", "queued", "evicted_total",
-                 "reaped_total", "idle_timeout_ms", "max_queued_cells_per_kernel", "spares",
-                 "kernels_total"}
+SNAPSHOT_KEYS = {
+    "live",
+    "capacity",
+    "phases",
+    "owners",
+    "forks",
+    "queued",
+    "evicted_total",
+    "reaped_total",
+    "idle_timeout_ms",
+    "max_queued_cells_per_kernel",
+    "spares",
+    "kernels_total",
+}
 
 
 def test_snapshot_counts_without_identities(work: Path, go: Any) -> None:
@@ -782,15 +816,17 @@ def test_telemetry_has_no_code_paths_or_tokens(work: Path, go: Any) -> None:
 
     async def body() -> tuple[list[Any], str]:
         start = len(EVENTS)
-        facade = make_facade(max_live_kernels=1, max_queued_cells_per_kernel=1,
-                             kernel_idle_timeout_ms=500)
+        facade = make_facade(
+            max_live_kernels=1, max_queued_cells_per_kernel=1, kernel_idle_timeout_ms=500
+        )
         s1 = scope_in(work, secret_session)
         s2 = scope_in(work, secret_session + "-2")
         try:
             first = await facade.run(
                 f"# {marker}\nimport os\nfrom lemon_exec.kernel import cells\n"
                 "print(cells.STATE.bridge._token, os.getpid())\nread('a.txt')",
-                scope=s1)
+                scope=s1,
+            )
             token = first.content.split()[0]
             busy = asyncio.ensure_future(facade.run("import time\ntime.sleep(0.8)", scope=s1))
             await wait_running(facade)
@@ -811,17 +847,26 @@ def test_telemetry_has_no_code_paths_or_tokens(work: Path, go: Any) -> None:
 
     events, token = go(body())
     names = {name for name, _, _ in events}
-    assert {"kernel.start", "kernel.stop", "session.fallback", "session.busy",
-            "execute_code.stop"} <= names
+    assert {
+        "kernel.start",
+        "kernel.stop",
+        "session.fallback",
+        "session.busy",
+        "execute_code.stop",
+    } <= names
     stop_reasons = {meta.get("reason") for name, _, meta in events if name == "kernel.stop"}
     assert {"reaped", "evicted"} <= stop_reasons
     forbidden = (marker, secret_session, str(work), token, "a.txt", "ValueError")
     for name, measurements, metadata in events:
-        assert all(isinstance(v, int | float) and not isinstance(v, bool)
-                   for v in measurements.values()), (name, measurements)
+        assert all(
+            isinstance(v, int | float) and not isinstance(v, bool) for v in measurements.values()
+        ), (name, measurements)
         for value in metadata.values():
-            assert value is None or isinstance(value, bool | int) or (
-                isinstance(value, str) and re.fullmatch(r"[a-z_]{1,32}", value)), (name, value)
+            assert (
+                value is None
+                or isinstance(value, bool | int)
+                or (isinstance(value, str) and re.fullmatch(r"[a-z_]{1,32}", value))
+            ), (name, value)
         blob = json.dumps([name, measurements, metadata])
         for item in forbidden:
             assert item not in blob, (name, item)

@@ -157,8 +157,9 @@ class HostBridge:
         tool, params = data.get("tool"), data.get("params")
         if not isinstance(tool, str) or not isinstance(params, dict):
             self.stats.errors += 1
-            self._reply_error(call_id, "rpc request malformed: tool must be a string and "
-                                       "params an object")
+            self._reply_error(
+                call_id, "rpc request malformed: tool must be a string and params an object"
+            )
             return
         if tool not in self._enabled or tool not in self._tool_host.names():
             self.stats.errors += 1
@@ -223,14 +224,28 @@ class HostBridge:
             self._reply({"n": n, "ok": False, "error": TOO_LARGE})
             return
         if n != len(self.text_blocks) + 1:
-            self._reply({"n": n, "ok": False, "error": REPLAYED if n <= len(self.text_blocks)
-                         else "rpc request malformed: text blocks must be numbered in order"})
+            self._reply(
+                {
+                    "n": n,
+                    "ok": False,
+                    "error": REPLAYED
+                    if n <= len(self.text_blocks)
+                    else "rpc request malformed: text blocks must be numbered in order",
+                }
+            )
             return
         text = protocol.normalize_text(text)
         cost = protocol.text_frame_bytes(n, text)
         if self.stats.text_bytes + cost > self._limits.max_text_bytes:
-            self._reply({"n": n, "ok": False, "error": (
-                f"text() budget exceeded (max_text_bytes {self._limits.max_text_bytes})")})
+            self._reply(
+                {
+                    "n": n,
+                    "ok": False,
+                    "error": (
+                        f"text() budget exceeded (max_text_bytes {self._limits.max_text_bytes})"
+                    ),
+                }
+            )
             return
         self.stats.text_bytes += cost
         self.text_blocks.append(text)
@@ -246,8 +261,9 @@ class HostBridge:
             return
         self.stats.notifications += 1
         if self._on_notify is not None:
-            message = protocol.truncate_utf8(protocol.normalize_text(msg),
-                                             protocol.NOTIFY_MAX_BYTES)
+            message = protocol.truncate_utf8(
+                protocol.normalize_text(msg), protocol.NOTIFY_MAX_BYTES
+            )
             try:
                 self._on_notify(message)
             except Exception:

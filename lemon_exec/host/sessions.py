@@ -41,8 +41,7 @@ if TYPE_CHECKING:
     from lemon_exec.host.engine import Engine
 
 FALLBACK_NOTE = (
-    "Note: this call ran isolated in a fresh interpreter ({reason}); "
-    "its state will not persist."
+    "Note: this call ran isolated in a fresh interpreter ({reason}); its state will not persist."
 )
 
 
@@ -68,10 +67,16 @@ class SessionKey:
     protocol: int = protocol.PROTOCOL_VERSION
 
     @classmethod
-    def build(cls, scope: SessionScope, cwd: Path, interpreter: str,
-              helpers: tuple[str, ...]) -> SessionKey:
-        return cls(str(scope.session_id), str(scope.agent_id), str(Path(cwd).resolve()),
-                   interpreter_identity(interpreter), helpers)
+    def build(
+        cls, scope: SessionScope, cwd: Path, interpreter: str, helpers: tuple[str, ...]
+    ) -> SessionKey:
+        return cls(
+            str(scope.session_id),
+            str(scope.agent_id),
+            str(Path(cwd).resolve()),
+            interpreter_identity(interpreter),
+            helpers,
+        )
 
     def kernel_id(self, salt: bytes, fork: int) -> str:
         """An opaque id, safe as a file name, that reveals nothing of the key."""
@@ -104,8 +109,11 @@ class SessionKernel:
 
     @property
     def busy(self) -> bool:
-        return self.active is not None or bool(self.queue) or self.phase in (
-            "starting", "running", "stopping")
+        return (
+            self.active is not None
+            or bool(self.queue)
+            or self.phase in ("starting", "running", "stopping")
+        )
 
     @property
     def holds_kernel(self) -> bool:
@@ -137,9 +145,15 @@ class SessionOwner:
 
     async def run(self, script: Any, **kwargs: Any) -> ExecuteCodeResult:
         if self._closed:
-            return refusal("execute_code: this session owner handle is closed",
-                           {"mode": "session", "persistent": False,
-                            "reset_performed": False, "state_retained": False})
+            return refusal(
+                "execute_code: this session owner handle is closed",
+                {
+                    "mode": "session",
+                    "persistent": False,
+                    "reset_performed": False,
+                    "state_retained": False,
+                },
+            )
         return await self._facade.run(script, scope=self.scope, _owner=self, **kwargs)
 
     async def aclose(self) -> None:
@@ -280,8 +294,9 @@ class SessionRegistry:
         self._bindings.setdefault(owner_id, {})[shared.key] = entry
         return entry
 
-    async def _acquire(self, entry: SessionKernel, owner_id: int, deadline: float,
-                       abort: Any) -> _Ticket:
+    async def _acquire(
+        self, entry: SessionKernel, owner_id: int, deadline: float, abort: Any
+    ) -> _Ticket:
         loop = asyncio.get_running_loop()
         ticket = _Ticket(owner_id, loop.create_future())
         if entry.active is None and not entry.queue:
@@ -297,8 +312,9 @@ class SessionRegistry:
                 f"{self.config.max_queued_cells_per_kernel}); wait for them and retry"
             )
         entry.queue.append(ticket)
-        abort_task = asyncio.ensure_future(abort.wait()) if isinstance(abort, asyncio.Event) \
-            else None
+        abort_task = (
+            asyncio.ensure_future(abort.wait()) if isinstance(abort, asyncio.Event) else None
+        )
         try:
             while not ticket.granted.done():
                 remaining = deadline - time.monotonic()
@@ -307,8 +323,9 @@ class SessionRegistry:
                 waiters: set[asyncio.Future[Any]] = {ticket.granted}
                 if abort_task is not None:
                     waiters.add(abort_task)
-                await asyncio.wait(waiters, timeout=min(0.1, remaining),
-                                   return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait(
+                    waiters, timeout=min(0.1, remaining), return_when=asyncio.FIRST_COMPLETED
+                )
                 if ticket.granted.done():
                     break
                 if abort is not None and abort.is_set():
@@ -347,8 +364,9 @@ class SessionRegistry:
             return
         entry.phase = "stopping"
         try:
-            await self._engine.stop(kernel, reason="reset", mode="session",
-                                    cells_run=entry.cells_run)
+            await self._engine.stop(
+                kernel, reason="reset", mode="session", cells_run=entry.cells_run
+            )
         except Exception as exc:
             raise Fallback("stop_failed") from exc
         finally:
@@ -364,7 +382,8 @@ class SessionRegistry:
         entry.phase = "starting"
         try:
             entry.kernel = await self._engine.start_kernel(
-                entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session")
+                entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
+            )
         except LemonExecError as exc:
             entry.phase = "empty"
             raise Fallback("startup_failed") from exc
@@ -400,17 +419,23 @@ class SessionRegistry:
 
     def _discard(self, entry: SessionKernel, why: str) -> None:
         """Throw the entry's kernel away (state unsafe); the entry remembers why."""
-        self._stop_entry(entry, why if why in ("evicted", "reaped") else "discarded",
-                         keep_entry=True, lost=why)
+        self._stop_entry(
+            entry, why if why in ("evicted", "reaped") else "discarded", keep_entry=True, lost=why
+        )
 
-    def _stop_entry(self, entry: SessionKernel, reason: str, *, keep_entry: bool = False,
-                    lost: str | None = None) -> None:
+    def _stop_entry(
+        self,
+        entry: SessionKernel,
+        reason: str,
+        *,
+        keep_entry: bool = False,
+        lost: str | None = None,
+    ) -> None:
         kernel, entry.kernel = entry.kernel, None
         entry.phase = "empty"
         entry.lost_reason = lost or reason
         if kernel is not None:
-            self._engine.discard(kernel, reason=reason, mode="session",
-                                 cells_run=entry.cells_run)
+            self._engine.discard(kernel, reason=reason, mode="session", cells_run=entry.cells_run)
         entry.cells_run = 0
         if not keep_entry or not entry.owners:
             self._drop_entry(entry)
@@ -457,8 +482,13 @@ class SessionRegistry:
         timeout_s = self.config.kernel_idle_timeout_ms / 1000
         reaped = 0
         for entry in list(self._entries):
-            if (entry.kernel is not None and entry.phase == "idle" and entry.active is None
-                    and not entry.queue and now - entry.last_used > timeout_s):
+            if (
+                entry.kernel is not None
+                and entry.phase == "idle"
+                and entry.active is None
+                and not entry.queue
+                and now - entry.last_used > timeout_s
+            ):
                 self.reaped_total += 1
                 reaped += 1
                 self._stop_entry(entry, "reaped", keep_entry=True)
@@ -555,34 +585,51 @@ async def run_in_session(
 
         def request_for(filename: str) -> cells.CellRequest:
             return engine.cell_request(
-                script, cwd=Path(key.cwd), deadline=deadline, chdir=False,
-                aborts=(abort,) if abort is not None else (), on_update=on_update,
-                filename=filename)
+                script,
+                cwd=Path(key.cwd),
+                deadline=deadline,
+                chdir=False,
+                aborts=(abort,) if abort is not None else (),
+                on_update=on_update,
+                filename=filename,
+            )
 
         try:
             run = await engine.sessions.execute(
-                owner.owner_id, key, request_for, reset=reset, deadline=deadline, abort=abort,
-                interpreter=interpreter)
+                owner.owner_id,
+                key,
+                request_for,
+                reset=reset,
+                deadline=deadline,
+                abort=abort,
+                interpreter=interpreter,
+            )
         except Fallback as fb:
             reason = fb.reason
         except SessionBusyError as exc:
-            return refusal(str(exc), {**details, "persistent": True, "state_retained": True,
-                                      "busy": True})
+            return refusal(
+                str(exc), {**details, "persistent": True, "state_retained": True, "busy": True}
+            )
         except _QueueLeft as left:
             return _left_queue(left.why, timeout_ms, details)
         except _OwnerGone:
-            return refusal("execute_code: the session owner was closed while this call was "
-                           "queued; nothing ran", {**details, "persistent": True,
-                                                    "state_retained": True})
+            return refusal(
+                "execute_code: the session owner was closed while this call was "
+                "queued; nothing ran",
+                {**details, "persistent": True, "state_retained": True},
+            )
         else:
-            return build_result(run.cell, timeout_ms=timeout_ms,
-                                details={**details, **run.details})
+            return build_result(run.cell, timeout_ms=timeout_ms, details={**details, **run.details})
     engine.telemetry.emit("session.fallback", {}, {"reason": reason})
     return await engine.run_per_call(
-        script, interpreter=interpreter, cwd=cwd, deadline=deadline, timeout_ms=timeout_ms,
-        abort=abort, on_update=on_update,
-        details={**details, "persistent": False, "fallback_reason": reason,
-                 "kernel_reused": False},
+        script,
+        interpreter=interpreter,
+        cwd=cwd,
+        deadline=deadline,
+        timeout_ms=timeout_ms,
+        abort=abort,
+        on_update=on_update,
+        details={**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False},
         notes=[FALLBACK_NOTE.format(reason=reason)],
     )
 
@@ -590,13 +637,26 @@ async def run_in_session(
 def _left_queue(why: str, timeout_ms: int, details: dict[str, Any]) -> ExecuteCodeResult:
     """A queued call that left the queue: nothing ran, the kernel is undisturbed."""
     if why == "timeout":
-        content = (f"Script timed out after {timeout_ms}ms.\n\nIt was still waiting in the "
-                   "session's queue; nothing ran. The session's state is unchanged.")
+        content = (
+            f"Script timed out after {timeout_ms}ms.\n\nIt was still waiting in the "
+            "session's queue; nothing ran. The session's state is unchanged."
+        )
         flag = "timed_out"
     else:
-        content = ("Script cancelled.\n\nIt was still waiting in the session's queue; nothing "
-                   "ran. The session's state is unchanged.")
+        content = (
+            "Script cancelled.\n\nIt was still waiting in the session's queue; nothing "
+            "ran. The session's state is unchanged."
+        )
         flag = "cancelled"
-    return ExecuteCodeResult(content, {**details, "persistent": True, "state_retained": True,
-                                       "exit_code": None, "truncated": False, flag: True,
-                                       "kernel_reused": False})
+    return ExecuteCodeResult(
+        content,
+        {
+            **details,
+            "persistent": True,
+            "state_retained": True,
+            "exit_code": None,
+            "truncated": False,
+            flag: True,
+            "kernel_reused": False,
+        },
+    )
