@@ -56,8 +56,8 @@ def register(subparsers: Any) -> None:
             "Replace this process with `jupyter console --existing CONNECTION_FILE` on the "
             "kernel whose id starts with ID. Your executions there are ordinary IPython "
             "cells: they see the agent's variables, and they never appear in the agent's "
-            "results. Leave with Ctrl-D (the kernel keeps running); a bare `exit` asks the "
-            "kernel to shut down, which loses the agent's state."
+            "results. Leave with Ctrl-D or exit(keep_kernel=True); the kernel keeps running "
+            "(a managed kernel refuses the shutdown a bare `exit` asks for)."
         ),
     )
     attach.add_argument("kernel_id", metavar="ID", help="a kernel id, or a unique prefix of one")
@@ -234,8 +234,8 @@ def attach_command(args: argparse.Namespace) -> int:
     if row["mode"] != "session":
         print("Note: this is a per-call kernel; it is stopped when its call ends.", file=sys.stderr)
     print(
-        "Leave with Ctrl-D or exit(keep_kernel=True); a bare `exit` shuts the kernel "
-        "down and the agent loses its state.",
+        "Leave with Ctrl-D or exit(keep_kernel=True). The kernel belongs to the agent's "
+        "session: it refuses the shutdown a bare `exit` asks for.",
         file=sys.stderr,
     )
     sys.stderr.flush()
