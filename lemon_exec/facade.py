@@ -19,6 +19,7 @@ from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.engine import Engine
 from lemon_exec.host.sessions import SessionOwner, SessionRegistry, run_in_session
+from lemon_exec.kernel.protocol import normalize_text
 from lemon_exec.result import ExecuteCodeResult, refusal
 from lemon_exec.schema import tool_schema
 from lemon_exec.scope import SessionScope
@@ -132,6 +133,9 @@ class ExecuteCode:
             return refusal(MISSING_SCRIPT, details)
         if not isinstance(reset, bool):
             return refusal(BAD_RESET, details)
+        # A lone surrogate (e.g. a bad "\ud800" escape in the model's JSON) cannot be sent or
+        # compiled; as in every other text crossing the bridge, it becomes U+FFFD.
+        script = normalize_text(script)
         if timeout_ms is not None and (
             isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)
         ):

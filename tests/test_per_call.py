@@ -652,3 +652,32 @@ def test_kernel_killed_from_outside_is_reported(
     assert result.content.startswith(f"Script exited with code {-sig}")
     assert "waiting\n" in result.content
     assert result.details.get("crashed") is True
+
+
+# --- awkward input and output ---------------------------------------------------------------------
+
+
+def test_lone_surrogates_in_the_script_and_its_output_are_replaced(tool: ExecuteCode) -> None:
+    # A bad "\ud800" escape in the model's JSON, and one printed at run time: neither may
+    # lose output or raise in the host.
+    result = tool.run_sync("x = '\ud800'\nprint('a\\ud800b')\nprint('after', len(x))")
+    assert result.content == "a\ufffdb\nafter 1\n"
+    assert result.details["exit_code"] == 0
+
+
+def test_nul_bytes_in_the_script_are_a_syntax_error(tool: ExecuteCode) -> None:
+    result = tool.run_sync("print(1)\0")
+    assert result.content.startswith("Script raised SyntaxError: ")
+    assert "null bytes" in result.content
+    assert result.details["exit_code"] == 1
+
+
+def test_stdout_buffer_takes_bytes_and_replaces_invalid_utf8(tool: ExecuteCode) -> None:
+    script = (
+        "import sys\n"
+        "sys.stdout.buffer.write('é'.encode()[:1])\n"  # half a character, completed next
+        "sys.stdout.buffer.write('é'.encode()[1:] + b' \\xff end\\n')\n"
+        "sys.stdout.buffer.flush()\n"
+    )
+    result = tool.run_sync(script)
+    assert result.content == "é \ufffd end\n"

@@ -22,6 +22,8 @@ from typing import Any
 
 from ipykernel.iostream import OutStream
 
+from lemon_exec.kernel.protocol import normalize_text
+
 #: Fixed by the spec: output travels in chunks of at most 64 KiB.
 STREAM_CHUNK_CHARS = 64 * 1024
 
@@ -31,6 +33,12 @@ class ChunkedStream(io.TextIOBase):
         self._inner = inner
         self._chunk = chunk
         self._pending = 0
+        self._buffer = _BytesToText(self)
+
+    @property
+    def buffer(self) -> io.RawIOBase:  # type: ignore[override]
+        """``sys.stdout.buffer`` as scripts know it: bytes in, decoded as UTF-8."""
+        return self._buffer
 
     def write(self, text: str) -> int:
         if not isinstance(text, str):
@@ -88,7 +96,8 @@ class BoundedOutStream(OutStream):
         super().__init__(*args, **kwargs)
 
     def write(self, string: str) -> int | None:
-        written = super().write(string)
+        # A lone surrogate would make the message unencodable and lose the whole chunk.
+        written = super().write(normalize_text(string) if isinstance(string, str) else string)
         self._unflushed += len(string)
         if self._unflushed >= STREAM_CHUNK_CHARS:
             self._unflushed = 0
@@ -134,6 +143,25 @@ class BoundedOutStream(OutStream):
         if text and self._should_watch:
             self.write(text)
         return True
+
+
+class _BytesToText(io.RawIOBase):
+    """A binary writer that decodes UTF-8 (invalid bytes replaced) into a text stream."""
+
+    def __init__(self, text: io.TextIOBase) -> None:
+        self._text = text
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self._text.write(self._decoder.decode(view.tobytes()))
+        return len(view)
+
+    def flush(self) -> None:
+        self._text.flush()
 
 
 def _pending_bytes(fd: int) -> int:
