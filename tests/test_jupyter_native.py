@@ -192,9 +192,14 @@ def test_execute_complete_inspect(plain_kernel: Any) -> None:
     )
     assert reply["content"]["status"] == "ok"
 
-    completion = kc.complete("os.pa", reply=True, timeout=15)["content"]
+    code = "os.pa"
+    completion = kc.complete(code, reply=True, timeout=15)["content"]
     assert completion["status"] == "ok"
-    assert "path" in completion["matches"] or "os.path" in completion["matches"]
+    # Front ends replace code[cursor_start:cursor_end] with a match; IPython's completers
+    # differ in where they start ("os.path" from 0, ".path" from 2), so apply them.
+    start, end = completion["cursor_start"], completion["cursor_end"]
+    applied = {code[:start] + match + code[end:] for match in completion["matches"]}
+    assert "os.path" in applied, completion
 
     inspected = kc.inspect("value_for_inspection", reply=True, timeout=15)["content"]
     assert inspected["status"] == "ok"
