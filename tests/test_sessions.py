@@ -125,7 +125,7 @@ def configured(ec: ExecuteCode, **values: Any) -> Iterator[None]:
 def pid_gone(pid: int) -> bool:
     try:
         status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, reading
         return True
     return bool(re.search(r"^State:\s+Z", status, re.M))  # a zombie has stopped
 

@@ -135,7 +135,8 @@ class CellBridge:
         if not size_checked:
             _check_frame_size(frame)
         # Flush first so prints made before this frame reach the host before it (order kept).
-        for stream in (sys.stdout, sys.stderr):
+        stdout, stderr = sys.stdout, sys.stderr  # during a script, usually one merged stream
+        for stream in (stdout, stderr) if stderr is not stdout else (stdout,):
             if stream is not None:
                 stream.flush()
         with self._lock:

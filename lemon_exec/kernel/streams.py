@@ -57,7 +57,8 @@ class ChunkedStream(io.TextIOBase):
 
     def flush(self) -> None:
         self._pending = 0
-        self._inner.flush()
+        # Skips the IO-thread round trip when nothing is buffered (helpers flush per frame).
+        getattr(self._inner, "flush_pending", self._inner.flush)()
 
     def writable(self) -> bool:
         return True
@@ -107,6 +108,12 @@ class BoundedOutStream(OutStream):
     def flush(self) -> None:
         self._unflushed = 0
         super().flush()
+
+    def flush_pending(self) -> None:
+        """Flush only if something was written (or waits in the pipe) since the last flush."""
+        self.drain_pipe()
+        if self._unflushed:
+            self.flush()
 
     def drain_pipe(self) -> None:
         """Move whatever child processes wrote so far into the stream, before a new write."""
