@@ -238,6 +238,8 @@ class ToolHost:
         try:
             if inspect.iscoroutinefunction(spec.func):
                 result = await spec.func(params, call)
+            elif _runs_inline(spec, params, call):
+                result = spec.func(params, call)
             else:
                 # Sync tools do blocking I/O; a thread keeps the event loop (and every other
                 # running script) responsive.
@@ -254,6 +256,15 @@ class ToolHost:
                 f"{spec.name} failed: returned {type(result).__name__} instead of str"
             )
         return result
+
+
+def _runs_inline(spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> bool:
+    if spec.inline is None:
+        return False
+    try:
+        return bool(spec.inline(params, call))
+    except Exception:  # the predicate is an optimisation; when in doubt, use a thread
+        return False
 
 
 def _as_outcome(value: object) -> ApprovalOutcome:

@@ -36,7 +36,18 @@ def spec() -> ToolSpec:
         required=("path",),
         param_types={"path": str, "offset": int, "limit": int},
         defaults={"offset": None, "limit": None},
+        inline=is_small_file,
     )
+
+
+#: Regular files up to this size are read on the event loop (see ToolSpec.inline).
+INLINE_MAX_BYTES = 64 * 1024
+
+
+def is_small_file(params: Any, call: ToolCall) -> bool:
+    """Whether ``read`` may run inline: a small regular file (one lstat/stat, no reading)."""
+    st = resolve(params["path"], call.cwd).stat()
+    return stat.S_ISREG(st.st_mode) and st.st_size <= INLINE_MAX_BYTES
 
 
 def read(params: dict[str, Any], call: ToolCall) -> str:

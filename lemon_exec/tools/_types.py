@@ -55,6 +55,10 @@ class ToolSpec:
         defaults: optional ``name -> default`` for the generated helper signature; purely
             descriptive, the host does not fill them in (tools treat a missing or ``None``
             value as "use the default").
+        inline: optional cheap predicate ``(params, call) -> bool`` for a sync tool: True
+            means this call is quick (say, a small local file) and runs on the event loop,
+            saving the thread hand-off (~0.2-0.5 ms of a helper round trip). A predicate
+            that raises counts as False.
     """
 
     name: str
@@ -64,3 +68,4 @@ class ToolSpec:
     required: tuple[str, ...] = ()
     param_types: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
+    inline: Callable[[Mapping[str, Any], ToolCall], bool] | None = None

@@ -418,3 +418,47 @@ def test_approval_racing_cancellation_never_runs_after_cancel(spins: int) -> Non
         assert rec.runs == []  # cancelled while waiting for approval: withdrawn for good
     else:
         assert outcome == ["completed"] and len(rec.runs) == 1
+
+
+@pytest.mark.parametrize(
+    ("predicate", "inline"),
+    [
+        (None, False),
+        (lambda p, c: True, True),
+        (lambda p, c: False, False),
+        (lambda p, c: 1 / 0, False),
+    ],
+    ids=["no-predicate", "true", "false", "raises"],
+)
+def test_sync_tools_run_inline_only_when_their_predicate_says_so(
+    predicate: Any, inline: bool
+) -> None:
+    from lemon_exec.tools import ToolSpec
+
+    def where(params: dict[str, Any], call: ToolCall) -> str:
+        return threading.current_thread().name
+
+    registry = ToolRegistry()
+    registry.register(ToolSpec(name="where", func=where, inline=predicate))
+
+    async def main() -> tuple[str, str]:
+        loop_thread = threading.current_thread().name
+        ran_in = await ToolHost(registry).invoke(
+            ToolCall(tool="where", params={}, cwd=CWD, call_id=1)
+        )
+        return loop_thread, ran_in
+
+    loop_thread, ran_in = asyncio.run(main())
+    assert (ran_in == loop_thread) is inline
+
+
+def test_read_is_inline_for_small_files_only(tmp_path: pathlib.Path) -> None:
+    from lemon_exec.tools._read import INLINE_MAX_BYTES, is_small_file
+
+    small, big = tmp_path / "small.txt", tmp_path / "big.txt"
+    small.write_text("x")
+    big.write_text("x" * (INLINE_MAX_BYTES + 1))
+    call = ToolCall(tool="read", params={}, cwd=tmp_path, call_id=1)
+    assert is_small_file({"path": "small.txt"}, call)
+    assert not is_small_file({"path": "big.txt"}, call)
+    assert not is_small_file({"path": "."}, call)
