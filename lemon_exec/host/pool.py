@@ -23,8 +23,9 @@ Starter = Callable[[str], Awaitable[ManagedKernel]]
 class KernelPool:
     """Keeps up to ``size`` ready spares per interpreter."""
 
-    def __init__(self, start: Starter, size: int) -> None:
-        self._start = start
+    def __init__(self, start: Starter, size: int, *, start_spare: Starter | None = None) -> None:
+        self._start = start  # a kernel a caller is waiting for
+        self._start_spare = start_spare or start  # a spare: may prepare itself further
         self.size = max(0, size)
         self._spares: dict[str, list[ManagedKernel]] = {}
         self._filling: dict[str, asyncio.Task[None]] = {}
@@ -58,7 +59,7 @@ class KernelPool:
         while not self._closed and len(spares) < self.size:
             started = time.monotonic()
             try:
-                kernel = await self._start(interpreter)
+                kernel = await self._start_spare(interpreter)
             except Exception:
                 log.warning("could not start a spare kernel", exc_info=True)
                 return  # the next claim starts cold and reports the error itself

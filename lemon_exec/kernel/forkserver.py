@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -44,6 +45,10 @@ def main() -> None:
     skip_optional_modules()
     importlib.import_module("lemon_exec.kernel.app")
 
+    # Move everything imported so far out of the collector's reach: a child's garbage
+    # collections would otherwise touch every object header and copy most of the shared heap.
+    gc.collect()
+    gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the host stops the template
     sock = socket.socket(fileno=args.fd)
     with contextlib.suppress(OSError):  # the host closed the socket: time to go
