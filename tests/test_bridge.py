@@ -10,7 +10,6 @@ host ran, so concurrency, ordering and cancellation can be observed on the host 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import http.server
 import json
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import configured
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.errors import ToolFailure
@@ -187,19 +187,6 @@ def ec() -> Iterator[ExecuteCode]:
 @pytest.fixture(autouse=True)
 def _fresh_probe() -> None:
     PROBE.reset()
-
-
-@contextlib.contextmanager
-def configured(ec: ExecuteCode, **values: Any) -> Iterator[None]:
-    """Change settings for one test; the limits are read afresh for every cell."""
-    saved = {key: getattr(ec.config, key) for key in values}
-    for key, value in values.items():
-        setattr(ec.config, key, value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(ec.config, key, value)
 
 
 def run(ec: ExecuteCode, scope: SessionScope, script: str, **kwargs: Any) -> Any:

@@ -9,7 +9,6 @@ bounds (cap, reaping) build a small facade on the same loop.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import json
 import re
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from support import configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.sessions import FALLBACK_NOTE
@@ -108,26 +108,6 @@ def ec(lt: LoopThread) -> Iterator[ExecuteCode]:
 @pytest.fixture
 def go(lt: LoopThread) -> Callable[[Awaitable[T]], T]:
     return lt.run
-
-
-@contextlib.contextmanager
-def configured(ec: ExecuteCode, **values: Any) -> Iterator[None]:
-    saved = {key: getattr(ec.config, key) for key in values}
-    for key, value in values.items():
-        setattr(ec.config, key, value)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            setattr(ec.config, key, value)
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except (FileNotFoundError, ProcessLookupError):  # gone before, or while, reading
-        return True
-    return bool(re.search(r"^State:\s+Z", status, re.M))  # a zombie has stopped
 
 
 async def wait_until(predicate: Callable[[], bool], seconds: float = 5.0) -> bool:
