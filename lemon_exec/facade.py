@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.cell import AbortSignal
-from lemon_exec.host.engine import Engine
+from lemon_exec.host.engine import Call, Engine
 from lemon_exec.host.sessions import SessionOwner, SessionRegistry, run_in_session
 from lemon_exec.kernel.protocol import normalize_text
 from lemon_exec.result import ExecuteCodeResult, refusal
@@ -152,34 +152,21 @@ class ExecuteCode:
             engine = self._ensure_engine()
         except RefusedError as exc:  # the private staging root could not be made
             return refusal(str(exc), details)
-        deadline = entered + effective_ms / 1000
-        if mode == "session":
-            if owner is None and scope is not None and scope.complete:
-                owner = self._default_owner(scope)
-            return await run_in_session(
-                engine,
-                script,
-                owner=owner,
-                scope=scope,
-                interpreter=interpreter,
-                cwd=cwd,
-                deadline=deadline,
-                timeout_ms=effective_ms,
-                reset=reset,
-                abort=abort,
-                on_update=on_update,
-                details=details,
-            )
-        return await engine.run_per_call(
-            script,
+        call = Call(
+            script=script,
             interpreter=interpreter,
             cwd=cwd,
-            deadline=deadline,
+            deadline=entered + effective_ms / 1000,
             timeout_ms=effective_ms,
             abort=abort,
             on_update=on_update,
             details=details,
         )
+        if mode == "session":
+            if owner is None and scope is not None and scope.complete:
+                owner = self._default_owner(scope)
+            return await run_in_session(engine, call, owner=owner, scope=scope, reset=reset)
+        return await engine.run_per_call(call)
 
     async def warm_up(self, cwd: str | os.PathLike[str] | None = None) -> None:
         """Start the fork server and the per-call spares now, so the first call is warm.

@@ -13,6 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from lemon_exec.errors import KernelStartError, LemonExecError, RefusedError
 from lemon_exec.host import cell as cells
 from lemon_exec.host import hygiene
 from lemon_exec.host.bridge import BridgeLimits
+from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.forkserver import ForkServer
 from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernel import ManagedKernel
@@ -39,6 +41,20 @@ _SPILL_REAP_INTERVAL_S = 3600.0
 _FORK_SERVER_RETRY_S = 60.0
 #: A spare's empty warm-up cell must finish within this many seconds.
 _WARM_CELL_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class Call:
+    """One validated execute_code call, as the facade hands it to a mode."""
+
+    script: str
+    interpreter: str
+    cwd: Path
+    deadline: float  # time.monotonic() by which the whole call must end
+    timeout_ms: int  # as reported in a timeout headline
+    abort: AbortSignal | None
+    on_update: Callable[[str], None] | None
+    details: dict[str, Any]
 
 
 class Engine:
@@ -247,49 +263,44 @@ class Engine:
             on_update=on_update,
         )
 
-    async def run_per_call(
-        self,
-        script: str,
-        *,
-        interpreter: str,
-        cwd: Path,
-        deadline: float,
-        timeout_ms: int,
-        abort: Any,
-        on_update: Callable[[str], None] | None,
-        details: dict[str, Any],
-        notes: list[str] | None = None,
-    ) -> ExecuteCodeResult:
+    def call_request(
+        self, call: Call, *, chdir: bool, filename: str = "script.py"
+    ) -> cells.CellRequest:
+        """The cell request for ``call`` (its cwd, deadline, abort and notify callback)."""
+        return self.cell_request(
+            call.script,
+            cwd=call.cwd,
+            deadline=call.deadline,
+            chdir=chdir,
+            aborts=(call.abort,) if call.abort is not None else (),
+            on_update=call.on_update,
+            filename=filename,
+        )
+
+    async def run_per_call(self, call: Call, notes: list[str] | None = None) -> ExecuteCodeResult:
         """One script in a fresh kernel and a fresh private workspace, both gone afterwards."""
         try:
             workspace = self.staging.new_workspace()
         except RefusedError as exc:
-            return refusal(str(exc), details)
+            return refusal(str(exc), call.details)
         try:
-            self.staging.write_private_file(workspace, "script.py", script)
+            self.staging.write_private_file(workspace, "script.py", call.script)
             try:
-                kernel, source = await self.pool.claim(interpreter)
+                kernel, source = await self.pool.claim(call.interpreter)
             except LemonExecError as exc:
-                return refusal(str(exc), details)
+                return refusal(str(exc), call.details)
             kernel.status.phase = "running"
             self.index.touch()
             try:
-                request = self.cell_request(
-                    script,
-                    cwd=cwd,
-                    deadline=deadline,
-                    chdir=True,
-                    aborts=(abort,) if abort is not None else (),
-                    on_update=on_update,
-                )
+                request = self.call_request(call, chdir=True)
                 result = await cells.run_cell(kernel, request, self.tool_host)
             finally:
                 # A used kernel is never reused: stopped in the background, off the hot path.
                 self.discard(kernel, reason="finished", mode="per_call")
         finally:
             self.staging.remove_workspace(workspace)
-        details = {**details, "kernel_source": source}
-        return build_result(result, timeout_ms=timeout_ms, details=details, notes=notes)
+        details = {**call.details, "kernel_source": source}
+        return build_result(result, timeout_ms=call.timeout_ms, details=details, notes=notes)
 
     # -- shutdown -------------------------------------------------------------------------------
 

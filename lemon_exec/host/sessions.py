@@ -25,7 +25,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,7 @@ from lemon_exec.result import ExecuteCodeResult, build_result, refusal
 from lemon_exec.scope import SessionScope
 
 if TYPE_CHECKING:
-    from lemon_exec.host.engine import Engine
+    from lemon_exec.host.engine import Call, Engine
 
 FALLBACK_NOTE = (
     "Note: this call ran isolated in a fresh interpreter ({reason}); its state will not persist."
@@ -560,39 +560,25 @@ def ticket_started(ticket: _Ticket) -> float:
 
 async def run_in_session(
     engine: Engine,
-    script: str,
+    call: Call,
     *,
     owner: SessionOwner | None,
     scope: SessionScope | None,
-    interpreter: str,
-    cwd: Path,
-    deadline: float,
-    timeout_ms: int,
     reset: bool,
-    abort: Any,
-    on_update: Callable[[str], None] | None,
-    details: dict[str, Any],
 ) -> ExecuteCodeResult:
     """Run one call in session mode, falling back to per-call only before code starts."""
-    details = {**details, "mode": "session"}
+    details = {**call.details, "mode": "session"}
     reason: str | None = None
     if scope is None or owner is None or not scope.complete:
         reason = "missing_session_scope"
     elif engine.sessions is None:
         reason = "registry_unavailable"
     if reason is None:
-        key = SessionKey.build(scope, cwd, interpreter, engine.config.enabled_helpers)
+        key = SessionKey.build(scope, call.cwd, call.interpreter, engine.config.enabled_helpers)
+        session_call = replace(call, cwd=Path(key.cwd))
 
         def request_for(filename: str) -> cells.CellRequest:
-            return engine.cell_request(
-                script,
-                cwd=Path(key.cwd),
-                deadline=deadline,
-                chdir=False,
-                aborts=(abort,) if abort is not None else (),
-                on_update=on_update,
-                filename=filename,
-            )
+            return engine.call_request(session_call, chdir=False, filename=filename)
 
         try:
             run = await engine.sessions.execute(
@@ -600,9 +586,9 @@ async def run_in_session(
                 key,
                 request_for,
                 reset=reset,
-                deadline=deadline,
-                abort=abort,
-                interpreter=interpreter,
+                deadline=call.deadline,
+                abort=call.abort,
+                interpreter=call.interpreter,
             )
         except Fallback as fb:
             reason = fb.reason
@@ -611,7 +597,7 @@ async def run_in_session(
                 str(exc), {**details, "persistent": True, "state_retained": True, "busy": True}
             )
         except _QueueLeft as left:
-            return _left_queue(left.why, timeout_ms, details)
+            return _left_queue(left.why, call.timeout_ms, details)
         except _OwnerGone:
             return refusal(
                 "execute_code: the session owner was closed while this call was "
@@ -619,18 +605,13 @@ async def run_in_session(
                 {**details, "persistent": True, "state_retained": True},
             )
         else:
-            return build_result(run.cell, timeout_ms=timeout_ms, details={**details, **run.details})
+            return build_result(
+                run.cell, timeout_ms=call.timeout_ms, details={**details, **run.details}
+            )
     engine.telemetry.emit("session.fallback", {}, {"reason": reason})
+    fallback = {**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False}
     return await engine.run_per_call(
-        script,
-        interpreter=interpreter,
-        cwd=cwd,
-        deadline=deadline,
-        timeout_ms=timeout_ms,
-        abort=abort,
-        on_update=on_update,
-        details={**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False},
-        notes=[FALLBACK_NOTE.format(reason=reason)],
+        replace(call, details=fallback), notes=[FALLBACK_NOTE.format(reason=reason)]
     )
 
 
