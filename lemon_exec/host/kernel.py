@@ -265,9 +265,13 @@ class ManagedKernel:
         ]
 
     async def _read(self, channel: Any, route: Callable[[dict[str, Any]], None]) -> None:
+        # Reads the channel's socket directly and decodes with protocol.unpack_signed: every
+        # stream chunk and bridge frame passes here, and Session.deserialize's date parsing
+        # was a measurable part of a helper's round trip.
+        socket, session = channel.socket, self._kc.session
         while True:
             try:
-                msg = await channel.get_msg()
+                msg = protocol.unpack_signed(session, await socket.recv_multipart())
             except asyncio.CancelledError:
                 raise
             except Exception:  # a malformed or badly signed message: drop it, keep reading

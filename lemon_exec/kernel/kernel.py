@@ -71,8 +71,7 @@ class LemonKernel(IPythonKernel):
 
     def _handle_bridge_reply(self, raw: list[Any]) -> None:
         try:
-            _idents, parts = self.session.feed_identities(raw, copy=False)
-            msg = self.session.deserialize(parts, content=True, copy=False)
+            msg = protocol.unpack_signed(self.session, raw)
         except Exception:  # bad signature or malformed: dropped, like ipykernel does
             self.log.error("invalid lemon bridge reply", exc_info=True)
             return
