@@ -89,6 +89,7 @@ class _Ticket:
     owner_id: int
     granted: asyncio.Future[None]
     abort: asyncio.Event = field(default_factory=asyncio.Event)
+    started: float = 0.0  # time.monotonic() when it became the active cell
 
 
 @dataclass(eq=False)  # identity semantics: entries live in sets
@@ -197,7 +198,6 @@ class SessionRegistry:
         self._closed = False
         self.evicted_total = 0
         self.reaped_total = 0
-        self._stops: set[asyncio.Task[Any]] = set()
 
     @property
     def config(self) -> Any:
@@ -262,7 +262,7 @@ class SessionRegistry:
                 "reset_performed": reset_performed,
                 "state_retained": result.kernel_reusable,
                 "kernel_id": entry.kernel_id,
-                "queue_wait_ms": int((ticket_started(ticket) - queued_at) * 1000),
+                "queue_wait_ms": int((ticket.started - queued_at) * 1000),
             }
             if lost_reason and not reset_performed:
                 details["kernel_lost_reason"] = lost_reason
@@ -302,7 +302,7 @@ class SessionRegistry:
         if entry.active is None and not entry.queue:
             entry.active = ticket
             ticket.granted.set_result(None)
-            ticket.started = time.monotonic()  # type: ignore[attr-defined]
+            ticket.started = time.monotonic()
             return ticket
         if len(entry.queue) >= self.config.max_queued_cells_per_kernel:
             self._engine.telemetry.emit("session.busy", {"queued": len(entry.queue)}, {})
@@ -340,7 +340,7 @@ class SessionRegistry:
         finally:
             if abort_task is not None:
                 abort_task.cancel()
-        ticket.started = time.monotonic()  # type: ignore[attr-defined]
+        ticket.started = time.monotonic()
         return ticket
 
     def _release(self, entry: SessionKernel, ticket: _Ticket) -> None:
@@ -549,10 +549,6 @@ class _QueueLeft(Exception):
     def __init__(self, why: str) -> None:
         super().__init__(why)
         self.why = why
-
-
-def ticket_started(ticket: _Ticket) -> float:
-    return getattr(ticket, "started", time.monotonic())
 
 
 # -- the facade's entry point -------------------------------------------------------------------
