@@ -332,4 +332,4 @@ def _join_path(first: str, rest: str | None) -> str:
     return first if not rest else first + os.pathsep + rest
 
 
-__all__ = ["Engine", "KernelStartError"]
+__all__ = ["Call", "Engine"]

@@ -53,6 +53,7 @@ class ForkServer:
         self._children: set[int] = set()
         self._task: asyncio.Task[None] | None = None
         self.started = False
+        self._closing = False
         self.created = time.monotonic()
         _SERVERS[server_id] = self
 
@@ -161,7 +162,13 @@ class ForkServer:
         _SERVERS.pop(self.server_id, None)
 
     async def aclose(self) -> None:
-        """Stop the template (it kills its remaining children when its socket closes)."""
+        """Stop the template (it kills its remaining children when its socket closes).
+
+        Idempotent: the engine retires a dead server on every start attempt until it retries.
+        """
+        if self._closing:
+            return
+        self._closing = True
         if _SERVERS.get(self.server_id) is self:
             del _SERVERS[self.server_id]
         if self._writer is not None:

@@ -40,10 +40,8 @@ class KernelPool:
                 self.refill(interpreter)
                 return kernel, "spare"
             await kernel.kill()  # died while waiting: replaced below, never handed out
-        filling = self._filling.get(interpreter)
         kernel = await self._start(interpreter)
-        if filling is None:
-            self.refill(interpreter)
+        self.refill(interpreter)  # no-op while a fill is already running
         return kernel, "cold"
 
     def refill(self, interpreter: str) -> None:
