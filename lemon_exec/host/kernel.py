@@ -116,7 +116,9 @@ class ManagedKernel:
                     "python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to a Python interpreter"
                 ) from exc
             kc = km.client(context=shared_context())
-            kc.start_channels()
+            # No heartbeat (liveness is polled on the process, and its thread and socket per
+            # kernel are wasted) and no stdin (scripts have none).
+            kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
             kernel = cls(km, kc, kernel_id=kernel_id, interpreter=interpreter, log_path=log_path)
             kernel._start_readers()
             await kernel._wait_ready(time.monotonic() + timeout)
