@@ -56,8 +56,8 @@ def register(subparsers: Any) -> None:
             "Replace this process with `jupyter console --existing CONNECTION_FILE` on the "
             "kernel whose id starts with ID. Your executions there are ordinary IPython "
             "cells: they see the agent's variables, and they never appear in the agent's "
-            "results. Leave with Ctrl-D or exit(keep_kernel=True); the kernel keeps running "
-            "(a managed kernel refuses the shutdown a bare `exit` asks for)."
+            "results. Leave with Ctrl-D, `exit` or `quit`: a kernel a lemon_exec host manages "
+            "keeps running (it ignores exit and refuses shutdown requests)."
         ),
     )
     attach.add_argument("kernel_id", metavar="ID", help="a kernel id, or a unique prefix of one")
@@ -234,8 +234,8 @@ def attach_command(args: argparse.Namespace) -> int:
     if row["mode"] != "session":
         print("Note: this is a per-call kernel; it is stopped when its call ends.", file=sys.stderr)
     print(
-        "Leave with Ctrl-D or exit(keep_kernel=True). The kernel belongs to the agent's "
-        "session: it refuses the shutdown a bare `exit` asks for.",
+        "Leave with Ctrl-D, `exit` or `quit`. The kernel belongs to the agent's session: "
+        "it keeps running, with its state.",
         file=sys.stderr,
     )
     sys.stderr.flush()

@@ -39,6 +39,8 @@ log = logging.getLogger(__name__)
 _SPILL_REAP_INTERVAL_S = 3600.0
 #: A fork server that died (e.g. the interpreter lacks ipykernel) is retried this rarely.
 _FORK_SERVER_RETRY_S = 60.0
+#: Fork-server ids are keys of a process-wide registry: unique across engines.
+_SERVER_IDS = itertools.count(1)
 #: A spare's empty warm-up cell must finish within this many seconds.
 _WARM_CELL_TIMEOUT_S = 10.0
 
@@ -78,7 +80,6 @@ class Engine:
         self._closed = False
         self._reap_handle: asyncio.TimerHandle | None = None
         self._forkservers: dict[str, ForkServer] = {}
-        self._server_ids = itertools.count(1)
         self._reap_spills()
         hygiene.register(self)
 
@@ -155,7 +156,7 @@ class Engine:
             if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
                 return None
         server = ForkServer(
-            f"{os.getpid()}-{next(self._server_ids)}",
+            f"{os.getpid()}-{next(_SERVER_IDS)}",
             interpreter,
             {**os.environ, **self._kernel_env()},
             str(self.staging.work_dir),

@@ -15,13 +15,57 @@ import sys
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
+from ipykernel.zmqshell import ZMQExitAutocall, ZMQInteractiveShell
+from traitlets import Type, default
 
 from lemon_exec.kernel import cells, helpers, protocol, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.streams import ChunkedStream
 
+#: What a person attached to a managed kernel reads when they type ``exit`` or ``quit``.
+MANAGED_EXIT_NOTE = (
+    "This kernel belongs to a lemon_exec session and keeps running (state kept); "
+    "your console detaches."
+)
+
+
+def _managed() -> bool:
+    return os.environ.get(protocol.MANAGED_ENV) == "1"
+
+
+class ScriptAwareExit(ZMQExitAutocall):
+    """``exit``/``quit`` in the namespace: end a script, or leave a console.
+
+    In a lemon script, ``exit(n)`` raises SystemExit(n) like Python's own ``exit``, so the
+    script ends with ``Script exited with code n`` and the kernel stays. In an ordinary cell
+    (a console) it keeps IPython's meaning: ``exit(keep_kernel=False)`` asks to end the
+    console, and the kernel too unless it is managed (see :meth:`LemonShell.ask_exit`).
+    """
+
+    def __call__(self, code: object = None, keep_kernel: bool = False) -> None:  # type: ignore[override]
+        if script.in_script():
+            raise SystemExit(code)
+        # IPython's console signature: the first positional argument is keep_kernel.
+        super().__call__(keep_kernel=bool(keep_kernel or code))
+
+
+class LemonShell(ZMQInteractiveShell):
+    @default("exiter")
+    def _default_exiter(self) -> ScriptAwareExit:
+        return ScriptAwareExit(self)
+
+    def ask_exit(self) -> None:
+        # IPython stops the kernel's event loop here (exit_now) unless keep_kernel was given,
+        # before any shutdown_request arrives, so refusing that request is not enough: a
+        # managed kernel always keeps running and tells the console to detach only.
+        if _managed():
+            self.keepkernel_on_exit = True
+            print(MANAGED_EXIT_NOTE)
+        super().ask_exit()
+
 
 class LemonKernel(IPythonKernel):
+    shell_class = Type(LemonShell)
     implementation = "lemon-python"
     implementation_version = str(protocol.PROTOCOL_VERSION)
     banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
@@ -46,7 +90,7 @@ class LemonKernel(IPythonKernel):
         # A kernel a lemon_exec host manages belongs to an agent's session: a person attached
         # with `jupyter console --existing` who types `exit` must not end it. The host never
         # asks; it stops its kernels with signals.
-        if os.environ.get(protocol.MANAGED_ENV) != "1":
+        if not _managed():
             await super().shutdown_request(stream, ident, parent)
             return
         content = {
@@ -54,7 +98,7 @@ class LemonKernel(IPythonKernel):
             "restart": bool(parent.get("content", {}).get("restart")),
             "ename": "ManagedKernel",
             "evalue": "this kernel is managed by lemon_exec and stops with its session; "
-            "detach with Ctrl-D or exit(keep_kernel=True)",
+            "detach with Ctrl-D, exit or quit",
             "traceback": [],
         }
         self.session.send(stream, "shutdown_reply", content, parent, ident=ident)

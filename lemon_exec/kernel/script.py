@@ -2,7 +2,9 @@
 
 Unlike an IPython cell, a script is compiled as a file (no implicit display of the last
 expression, no input transformations), its tracebacks keep only the script's own frames with
-exact line numbers, and it cannot read stdin.
+exact line numbers, and it cannot read stdin. ``exit(n)`` and ``quit(n)`` end it as
+``sys.exit(n)`` does (IPython's versions would ask the kernel to shut down instead; see
+``kernel.ScriptAwareExit``).
 """
 
 from __future__ import annotations
@@ -93,10 +95,21 @@ def _flushing_exit(code: int) -> None:
     _real_exit(code)
 
 
+#: How many scripts are running (0 or 1: the kernel runs one cell at a time).
+_running = 0
+
+
+def in_script() -> bool:
+    """Whether a lemon script is running, so exit() and quit() mean "end the script"."""
+    return _running > 0
+
+
 class _InputGuard:
     """Swap in the input refusals (and a flushing os._exit) for the duration of one script."""
 
     def __enter__(self) -> None:
+        global _running
+        _running += 1
         self._saved = (builtins.input, getpass.getpass, sys.stdin, os._exit)
         builtins.input = _refuse_input
         getpass.getpass = _refuse_getpass
@@ -104,6 +117,8 @@ class _InputGuard:
         os._exit = _flushing_exit  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:
+        global _running
+        _running -= 1
         builtins.input, getpass.getpass, sys.stdin, os._exit = self._saved
 
 

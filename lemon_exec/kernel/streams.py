@@ -87,6 +87,10 @@ class BoundedOutStream(OutStream):
        watcher or by :meth:`drain_pipe`. A Python-level write drains the pipe first, so
        output of a child process that has finished comes before what Python prints next —
        the order a terminal would show.
+    3. In a forked child (``multiprocessing`` with fork, ``os.fork``) a write goes straight
+       to the captured file descriptor, whose pipe the parent's watcher forwards. The kernel
+       has no IOPub "pipe" socket for children (see app.py), and a child must not touch the
+       parent's zmq sockets.
     """
 
     _unflushed = 0
@@ -97,6 +101,8 @@ class BoundedOutStream(OutStream):
         super().__init__(*args, **kwargs)
 
     def write(self, string: str) -> int | None:
+        if not self._is_master_process():
+            return self._write_from_child(string)
         # A lone surrogate would make the message unencodable and lose the whole chunk.
         written = super().write(normalize_text(string) if isinstance(string, str) else string)
         self._unflushed += len(string)
@@ -107,7 +113,10 @@ class BoundedOutStream(OutStream):
 
     def flush(self) -> None:
         self._unflushed = 0
-        super().flush()
+        # In a forked child the buffers hold the parent's unsent text, which is not ours
+        # to send (the parent does), and writes went to the file descriptor already.
+        if self._is_master_process():
+            super().flush()
 
     def flush_pending(self) -> None:
         """Flush only if something was written (or waits in the pipe) since the last flush."""
@@ -118,12 +127,24 @@ class BoundedOutStream(OutStream):
     def drain_pipe(self) -> None:
         """Move whatever child processes wrote so far into the stream, before a new write."""
         fid = getattr(self, "_fid", None)
-        if fid is None or not self._should_watch:
+        # A forked child inherits the pipe's read end: draining there would steal the bytes.
+        if fid is None or not self._should_watch or not self._is_master_process():
             return
         with self._pipe_lock:
             while _pending_bytes(fid) > 0:
                 if not self._forward(fid):
                     return
+
+    def _write_from_child(self, string: str) -> int:
+        if not isinstance(string, str):
+            raise TypeError(f"write() argument must be str, not {type(string).__name__}")
+        fd = getattr(self, "_original_stdstream_fd", None)
+        if fd is None:  # no capture set up: nowhere the parent would read it from
+            return len(string)
+        data = normalize_text(string).encode("utf-8", "replace")
+        while data:
+            data = data[os.write(fd, data) :]
+        return len(string)
 
     def _watch_pipe_fd(self) -> None:
         # Replaces ipykernel's watcher: same job, but bytes move under the pipe lock, UTF-8 is
