@@ -221,6 +221,7 @@ class ExecuteCode:
         if self._engine is not None:
             engine, self._engine = self._engine, None
             await engine.aclose()
+        await self._tool_host.aclose()  # its grep/find worker processes
 
     def close(self) -> None:
         """Blocking twin of :meth:`aclose`."""

@@ -12,12 +12,14 @@ from ._paths import WalkStats, display_join, name_for, resolve, stat_or_fail, wa
 from ._pattern import GlobPattern
 from ._types import ToolCall, ToolSpec
 
-__all__ = ["MAX_RESULTS", "MAX_WALK_ENTRIES", "find", "spec"]
+__all__ = ["MAX_RESULTS", "MAX_WALK_ENTRIES", "TIME_LIMIT_S", "find", "spec"]
 
 #: Paths returned by one call; more are cut with a note.
 MAX_RESULTS = 1000
 #: Directory entries visited in one call before it stops with a note.
 MAX_WALK_ENTRIES = 200_000
+#: Seconds one call may run (in a worker process) before it is killed.
+TIME_LIMIT_S = 60.0
 
 DESCRIPTION = f"""\
 Find files and directories under `path` (default: the working directory) whose path matches
@@ -26,7 +28,8 @@ path relative to `path`, where `**` spans any number of directories (`src/**/tes
 Matching is case-sensitive. Hidden directories are not entered unless the pattern names one
 (`.github/**`); symlinked directories are never entered. Returns matching paths (joined to the
 given `path`, ready for read()), sorted, one per line, directories with a trailing `/`; ""
-when nothing matches; at most {MAX_RESULTS}, then a `[truncated: ...]` note."""
+when nothing matches; at most {MAX_RESULTS}, then a `[truncated: ...]` note. Stopped after
+{TIME_LIMIT_S:g} s."""
 
 
 def spec() -> ToolSpec:
@@ -39,11 +42,13 @@ def spec() -> ToolSpec:
         required=("pattern",),
         param_types={"pattern": str, "path": str},
         defaults={"path": "."},
+        time_limit_s=TIME_LIMIT_S,
+        isolated=True,
     )
 
 
 def find(params: dict[str, Any], call: ToolCall) -> str:
-    """Walk ``path`` and list what matches (sync: the host runs it in a thread)."""
+    """Walk ``path`` and list what matches (sync: the host runs it in a worker process)."""
     pattern_text: str = params["pattern"]
     raw: str = "." if params.get("path") is None else params["path"]
     try:

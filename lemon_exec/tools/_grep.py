@@ -26,12 +26,16 @@ from ._types import ToolCall, ToolSpec
 
 __all__ = [
     "DEFAULT_MAX_RESULTS",
+    "INLINE_MAX_BYTES",
+    "INLINE_MAX_PATTERN",
     "MAX_FILES_SEARCHED",
     "MAX_FILE_BYTES",
     "MAX_LINE_CHARS",
     "MAX_RESULTS_CAP",
     "MAX_WALK_ENTRIES",
+    "TIME_LIMIT_S",
     "grep",
+    "is_quick",
     "spec",
 ]
 
@@ -47,6 +51,14 @@ MAX_FILES_SEARCHED = 20_000
 MAX_WALK_ENTRIES = 200_000
 #: Files larger than this are skipped (and counted in a note): 32 MiB.
 MAX_FILE_BYTES = 32 * 1024 * 1024
+#: Seconds one search may run (in a worker process) before it is killed.
+TIME_LIMIT_S = 60.0
+#: A literal pattern (no regex syntax) up to this long, in one regular file up to
+#: INLINE_MAX_BYTES, is searched on the event loop: linear time, no process hop.
+INLINE_MAX_PATTERN = 100
+INLINE_MAX_BYTES = 64 * 1024
+
+_REGEX_SYNTAX = frozenset(".^$*+?{}[]\\|()")
 
 DESCRIPTION = f"""\
 Search files for a Python `re` regular expression, line by line. `path` is a file or a
@@ -56,7 +68,9 @@ are skipped. `glob` filters files: a bare pattern like `*.py` matches names at a
 with `/` matches the path relative to `path` (`src/**/*.py`). Returns `path:lineno:line` lines
 (path joined to the given `path`, ready for read()), lines cut at {MAX_LINE_CHARS} characters;
 "" when nothing matches. Stops at `max_results` matches (default {DEFAULT_MAX_RESULTS}, at
-most {MAX_RESULTS_CAP}) or {MAX_FILES_SEARCHED} files, ending with a `[truncated: ...]` note."""
+most {MAX_RESULTS_CAP}) or {MAX_FILES_SEARCHED} files, ending with a `[truncated: ...]` note.
+A search is stopped after {TIME_LIMIT_S:g} s: avoid nested quantifiers like `(a+)+`, which can
+take exponential time."""
 
 
 def spec() -> ToolSpec:
@@ -75,11 +89,28 @@ def spec() -> ToolSpec:
             "max_results": int,
         },
         defaults={"path": ".", "glob": None, "ignore_case": False, "max_results": None},
+        inline=is_quick,
+        time_limit_s=TIME_LIMIT_S,
+        isolated=True,
     )
 
 
+def is_quick(params: Any, call: ToolCall) -> bool:
+    """Whether ``grep`` may run inline: a short literal pattern and one small regular file.
+
+    Any regex syntax goes to a worker process: even a 28-byte line can make a pattern like
+    ``(a+)+$`` backtrack for seconds, holding the GIL.
+    """
+    pattern = params["pattern"]
+    if len(pattern) > INLINE_MAX_PATTERN or not _REGEX_SYNTAX.isdisjoint(pattern):
+        return False
+    path = params.get("path")
+    st = resolve("." if path is None else path, call.cwd).stat()
+    return stat.S_ISREG(st.st_mode) and st.st_size <= INLINE_MAX_BYTES
+
+
 def grep(params: dict[str, Any], call: ToolCall) -> str:
-    """Run the search (sync: the host runs it in a thread)."""
+    """Run the search (sync: the host runs it in a worker process, or inline if quick)."""
     pattern: str = params["pattern"]
     raw: str = "." if params.get("path") is None else params["path"]
     glob_text: str | None = params.get("glob")

@@ -3,23 +3,33 @@
 Every failure becomes a :class:`~lemon_exec.errors.ToolFailure` (or its subclass
 :class:`~lemon_exec.errors.ToolDenied`), whose message the script sees as a ``ToolError``.
 Hooks fail closed: a hook that raises, returns garbage or times out denies the call.
+
+Where a tool runs: async tools on the event loop; sync tools whose ``inline`` predicate says
+so on the event loop too; ``isolated`` tools (grep, find) in killable worker processes; other
+sync tools on a thread lane of their own (one per tool name), so a stuck kind of tool can only
+starve itself. Every run is bounded by the tool's time limit and the call's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import inspect
 import logging
-from collections.abc import Awaitable, Callable
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from lemon_exec.errors import ToolDenied, ToolFailure
 
+from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
 from ._registry import ToolRegistry
 from ._types import ToolCall, ToolSpec
 from ._validate import validate_params
+from ._workers import DEFAULT_MAX_WORKERS, DeadlineExceeded, WorkerPool
 
 __all__ = [
     "ApprovalHook",
@@ -31,6 +41,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Seconds an async or threaded tool may run past its deadline before the host stops waiting:
+#: room for the tool to report the timeout in its own words (webfetch does).
+DEADLINE_GRACE_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -80,6 +94,13 @@ class ToolHost:
             ``approval`` hook is given, none otherwise. Giving it without ``approval`` is a
             configuration error (``ValueError``).
         approval_timeout_s: how long to wait for the approval hook (``None``: forever).
+        time_limits: per-tool time limits in seconds, overriding ``ToolSpec.time_limit_s``
+            (``None`` removes a limit). Defaults: webfetch 20 s, grep and find 60 s.
+        max_workers: worker processes for ``isolated`` tools (grep, find), started lazily.
+        lane_threads: threads per tool in the thread lanes of the other sync tools.
+
+    Close the host with :meth:`close` (or ``async with``) to stop its worker processes; the
+    ``ExecuteCode`` facade closes its own host.
     """
 
     def __init__(
@@ -90,19 +111,72 @@ class ToolHost:
         approval: ApprovalHook | None = None,
         approval_required: ApprovalRequired | None = None,
         approval_timeout_s: float | None = 300.0,
+        time_limits: Mapping[str, float | None] | None = None,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        lane_threads: int = DEFAULT_LANE_THREADS,
     ) -> None:
         if approval_required is not None and approval is None:
             raise ValueError("approval_required was given without an approval hook")
         if approval_timeout_s is not None and approval_timeout_s <= 0:
             raise ValueError("approval_timeout_s must be positive (or None for no timeout)")
+        for name, limit in (time_limits or {}).items():
+            if limit is not None and not limit > 0:
+                raise ValueError(f"time_limits[{name!r}] must be positive (or None), got {limit}")
+        if lane_threads < 1:
+            raise ValueError("lane_threads must be >= 1")
         self.registry = registry
         self._policy = policy
         self._approval = approval
         self._approval_required = approval_required
         self._approval_timeout_s = approval_timeout_s
-        # Withdrawn hook tasks that ignored cancellation; kept referenced until they finish so
-        # they are neither garbage-collected mid-flight nor reported as "never retrieved".
+        self._time_limits = dict(time_limits or {})
+        # Withdrawn hook tasks that ignored cancellation, and abandoned tool tasks; kept
+        # referenced until they finish so they are neither garbage-collected mid-flight nor
+        # reported as "never retrieved".
         self._orphans: set[asyncio.Future[Any]] = set()
+        self._workers = WorkerPool(max_workers)
+        self._lane_threads = lane_threads
+        self._lanes: dict[str, ThreadLane] = {}
+        self._closed = False
+        # A host dropped without close() still kills its workers (also at interpreter exit).
+        self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._lanes)
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Kill the worker processes and let the lane threads go. Idempotent.
+
+        Later calls fail with ``ToolError("<tool> failed: the tool host is closed")``.
+        """
+        self._closed = True
+        self._finalizer()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaitable (it blocks at most about two seconds, reaping workers)."""
+        self.close()
+
+    async def __aenter__(self) -> ToolHost:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def worker_pids(self) -> set[int]:
+        """PIDs of this host's live worker processes (for monitoring and tests)."""
+        return self._workers.pids()
+
+    def set_time_limit(self, name: str, seconds: float | None) -> None:
+        """Change tool ``name``'s time limit for later calls (``None``: no limit)."""
+        if seconds is not None and not seconds > 0:
+            raise ValueError(f"time limit for {name!r} must be positive (or None), got {seconds}")
+        self._time_limits[name] = seconds
+
+    def time_limit(self, name: str) -> float | None:
+        """The time limit in seconds that applies to tool ``name`` (``None``: none)."""
+        if name in self._time_limits:
+            return self._time_limits[name]
+        spec = self.registry.get(name)
+        return None if spec is None else spec.time_limit_s
 
     def names(self) -> list[str]:
         """The tools this host offers, in registration order."""
@@ -138,6 +212,8 @@ class ToolHost:
         spec = self.registry.get(call.tool)
         if spec is None:
             raise ToolFailure(f"unknown tool: {call.tool}")
+        if self._closed:
+            raise ToolFailure(f"{call.tool} failed: the tool host is closed")
         params = validate_params(spec, call.params)
         await self._check_policy(call)
         if self._needs_approval(call):
@@ -235,17 +311,21 @@ class ToolHost:
     # -- the tool ----------------------------------------------------------------------------
 
     async def _run(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> str:
+        started = time.monotonic()
+        limit = self.time_limit(spec.name)
+        deadline = call.deadline
+        if limit is not None and (deadline is None or started + limit < deadline):
+            deadline = started + limit
+        if deadline != call.deadline:
+            call = dataclasses.replace(call, deadline=deadline)
         try:
-            if inspect.iscoroutinefunction(spec.func):
-                result = await spec.func(params, call)
-            elif _runs_inline(spec, params, call):
-                result = spec.func(params, call)
-            else:
-                # Sync tools do blocking I/O; a thread keeps the event loop (and every other
-                # running script) responsive.
-                result = await asyncio.to_thread(spec.func, params, call)
-                if inspect.isawaitable(result):
-                    result = await result
+            result = await self._execute(spec, params, call)
+        except DeadlineExceeded:
+            budget = (deadline or started) - started
+            raise ToolFailure(
+                f"{spec.name} exceeded its time limit ({_seconds(budget)} s) and was stopped; "
+                "narrow the request (a smaller path, a more specific pattern) and try again"
+            ) from None
         except ToolFailure:
             raise
         except Exception as e:
@@ -256,6 +336,61 @@ class ToolHost:
                 f"{spec.name} failed: returned {type(result).__name__} instead of str"
             )
         return result
+
+    async def _execute(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> Any:
+        if inspect.iscoroutinefunction(spec.func):
+            return await self._bounded(spec.func(params, call), call.deadline)
+        if _runs_inline(spec, params, call):
+            return spec.func(params, call)
+        if spec.isolated:
+            # Regex and walk work can hold the GIL: a process, killed on overrun or cancel.
+            return await self._workers.run(func_ref(spec.func), params, call, call.deadline)
+        # Sync tools do blocking I/O; a thread keeps the event loop (and every other running
+        # script) responsive, and a lane per tool keeps one stuck kind from starving the rest.
+        result = await self._bounded(
+            self._lane(spec.name).run(spec.func, params, call), call.deadline
+        )
+        if inspect.isawaitable(result):
+            result = await self._bounded(result, call.deadline)
+        return result
+
+    async def _bounded(self, work: Awaitable[Any], deadline: float | None) -> Any:
+        """Await ``work`` until ``deadline`` plus a grace period; then cancel it and give up."""
+        if deadline is None:
+            return await work
+        task = asyncio.ensure_future(work)
+        try:
+            done, _ = await asyncio.wait(
+                {task}, timeout=max(0.0, deadline + DEADLINE_GRACE_S - time.monotonic())
+            )
+        except asyncio.CancelledError:
+            self._withdraw(task)
+            raise
+        if not done:
+            self._withdraw(task)
+            raise DeadlineExceeded
+        return task.result()
+
+    def _lane(self, name: str) -> ThreadLane:
+        lane = self._lanes.get(name)
+        if lane is None:
+            lane = self._lanes[name] = ThreadLane(f"lemon-tool-{name}", self._lane_threads)
+        return lane
+
+
+def func_ref(func: Callable[..., Any]) -> str:
+    """``"module:qualname"`` of a module-level function, as a worker process imports it."""
+    return f"{func.__module__}:{func.__qualname__}"
+
+
+def _shutdown(workers: WorkerPool, lanes: dict[str, ThreadLane]) -> None:
+    workers.close()
+    for lane in list(lanes.values()):
+        lane.close()
+
+
+def _seconds(value: float) -> str:
+    return f"{round(value, 1):g}"
 
 
 def _runs_inline(spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> bool:

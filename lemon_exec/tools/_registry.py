@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import keyword
+import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -80,6 +82,10 @@ def _check_spec(spec: ToolSpec) -> None:
         raise ValueError(f"tool name must be a Python identifier, got {spec.name!r}")
     if not callable(spec.func):
         raise ValueError(f"tool {spec.name!r}: func is not callable")
+    if spec.isolated:
+        _check_isolated(spec)
+    if spec.time_limit_s is not None and not spec.time_limit_s > 0:
+        raise ValueError(f"tool {spec.name!r}: time_limit_s must be positive (or None)")
     params = tuple(spec.parameters)
     for p in params:
         if not _is_identifier(p):
@@ -98,6 +104,22 @@ def _check_spec(spec: ToolSpec) -> None:
     for key in spec.defaults:
         if key in required:
             raise ValueError(f"tool {spec.name!r}: required parameter {key!r} has a default")
+
+
+def _check_isolated(spec: ToolSpec) -> None:
+    """An isolated tool runs in a worker process, which imports ``func`` by name."""
+    func = spec.func
+    if inspect.iscoroutinefunction(func):
+        raise ValueError(f"tool {spec.name!r}: an isolated tool must be a sync function")
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    target: Any = module
+    for attr in str(getattr(func, "__qualname__", "<?>")).split("."):
+        target = getattr(target, attr, None)
+    if target is not func or module is None or module.__name__ == "__main__":
+        raise ValueError(
+            f"tool {spec.name!r}: an isolated tool's func must be a module-level function "
+            "of an importable module (the worker process imports it by name)"
+        )
 
 
 def _is_identifier(name: object) -> bool:

@@ -19,12 +19,16 @@ class ToolCall:
         params: the keyword arguments the helper sent, not yet validated.
         cwd: the run's working directory; tools resolve relative paths against it.
         call_id: the id the comm protocol gave this call (used in logs and by hooks).
+        deadline: optional ``time.monotonic()`` by which the tool must be done (say, when the
+            script's own timeout ends). The host lowers it to the tool's time limit before
+            running the tool; tools that wait on the network or the disk honour it.
     """
 
     tool: str
     params: dict[str, Any]
     cwd: pathlib.Path
     call_id: int
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         # Accept a str cwd from callers; tools rely on it being a Path.
@@ -59,6 +63,16 @@ class ToolSpec:
             means this call is quick (say, a small local file) and runs on the event loop,
             saving the thread hand-off (~0.2-0.5 ms of a helper round trip). A predicate
             that raises counts as False.
+        time_limit_s: optional wall-clock limit of one run of the tool, in seconds, counted
+            from when it starts (after policy and approval). When it passes, the host stops
+            waiting and the script gets ``ToolError("<name> exceeded its time limit ...")``:
+            an async tool is cancelled, an ``isolated`` tool's worker process is killed, a
+            sync tool's thread is abandoned. ``ToolHost(time_limits=...)`` overrides it.
+        isolated: run this sync tool in a killable worker process instead of a thread: for
+            CPU-bound work that may hold the GIL (regexes, glob walks), which would otherwise
+            freeze the host's event loop. ``func`` must then be a module-level function the
+            worker can import by name; params and the result travel as JSON. An ``inline``
+            predicate that says True still runs the call on the event loop.
     """
 
     name: str
@@ -69,3 +83,5 @@ class ToolSpec:
     param_types: Mapping[str, type | tuple[type, ...]] = field(default_factory=dict)
     defaults: Mapping[str, Any] = field(default_factory=dict)
     inline: Callable[[Mapping[str, Any], ToolCall], bool] | None = None
+    time_limit_s: float | None = None
+    isolated: bool = False

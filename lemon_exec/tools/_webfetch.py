@@ -1,14 +1,23 @@
 """``webfetch(url, extract_mode='markdown', max_chars=None)``: an HTTP(S) page as text.
 
-Uses the stdlib :mod:`urllib.request` (the host runs this sync tool in a worker thread) and
-:mod:`html2text` for HTML. Proxies come from the usual environment variables only.
+Uses the stdlib :mod:`urllib.request` on a thread lane of its own and :mod:`html2text` for
+HTML. Proxies come from the usual environment variables only.
+
+The deadline is total (connect, headers and body), not per socket read: a server that drips
+one byte a second cannot stretch a fetch. When the deadline passes, or the call is cancelled,
+the fetch's socket is shut down, which unblocks its thread at once, so the thread is free for
+the next fetch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
+import contextlib
 import http.client
 import re
+import socket
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -19,11 +28,13 @@ from typing import Any
 
 from lemon_exec.errors import ToolFailure
 
+from ._lanes import ThreadLane
 from ._paths import is_binary_bytes
 from ._types import ToolCall, ToolSpec
 
 __all__ = [
     "DEFAULT_MAX_CHARS",
+    "LANE_THREADS",
     "MAX_REDIRECTS",
     "MAX_RESPONSE_BYTES",
     "TIMEOUT_S",
@@ -31,8 +42,11 @@ __all__ = [
     "webfetch",
 ]
 
-#: Seconds for the whole fetch (connect, headers and body).
+#: Seconds for the whole fetch (connect, headers and body): the tool's default time limit.
+#: Lower it per host with ``ToolHost(time_limits={"webfetch": 5})``.
 TIMEOUT_S = 20.0
+#: Fetches that run at once (across hosts); more wait, within their deadline.
+LANE_THREADS = 16
 #: Most bytes of response body read (5 MiB); the rest is never downloaded.
 MAX_RESPONSE_BYTES = 5 * 1024 * 1024
 #: Redirects followed before giving up.
@@ -83,11 +97,26 @@ def spec() -> ToolSpec:
         required=("url",),
         param_types={"url": str, "extract_mode": str, "max_chars": int},
         defaults={"extract_mode": "markdown", "max_chars": None},
+        time_limit_s=TIMEOUT_S,
     )
 
 
-def webfetch(params: dict[str, Any], call: ToolCall) -> str:
-    """Fetch and convert (sync: the host runs it in a thread)."""
+_lane: ThreadLane | None = None
+_lane_lock = threading.Lock()
+
+
+def _fetch_lane() -> ThreadLane:
+    global _lane
+    with _lane_lock:
+        if _lane is None:
+            _lane = ThreadLane("lemon-webfetch", LANE_THREADS)
+        return _lane
+
+
+async def webfetch(params: dict[str, Any], call: ToolCall) -> str:
+    """Fetch and convert on the fetch lane, within ``call.deadline`` (default: TIMEOUT_S)."""
+    started = time.monotonic()
+    deadline = call.deadline if call.deadline is not None else started + TIMEOUT_S
     url = _check_url(params["url"])
     mode = params.get("extract_mode") or "markdown"
     if mode not in EXTRACT_MODES:
@@ -96,7 +125,24 @@ def webfetch(params: dict[str, Any], call: ToolCall) -> str:
     if max_chars < 1:
         raise ToolFailure(f"webfetch: max_chars must be >= 1, got {max_chars}")
 
-    final_url, headers, body, body_cut = _fetch(url)
+    fetch = _Fetch(deadline)
+    work = asyncio.wrap_future(_fetch_lane().submit(_fetch_text, fetch, url, mode, max_chars))
+    try:
+        done, _ = await asyncio.wait({work}, timeout=max(0.0, deadline - time.monotonic()))
+    except asyncio.CancelledError:
+        fetch.abort()  # frees the lane thread; its late answer is dropped
+        work.cancel()
+        raise
+    if not done:
+        fetch.abort()
+        work.cancel()
+        raise ToolFailure(f"webfetch: timed out after {fetch.budget:g} s fetching {url}")
+    return work.result()
+
+
+def _fetch_text(fetch: _Fetch, url: str, mode: str, max_chars: int) -> str:
+    """The fetch and the conversion, on a lane thread."""
+    final_url, headers, body, body_cut = fetch.get(url)
     text = _to_text(final_url, headers, body, mode)
 
     notes = []
@@ -153,65 +199,141 @@ class _RedirectHandler(urllib.request.HTTPRedirectHandler):
     http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
 
 
-def _opener() -> urllib.request.OpenerDirector:
-    # Built by hand so no file:, ftp: or data: handler is ever reachable.
-    opener = urllib.request.OpenerDirector()
-    for handler in (
-        urllib.request.ProxyHandler(),  # environment proxies only
-        urllib.request.UnknownHandler(),
-        urllib.request.HTTPHandler(),
-        urllib.request.HTTPSHandler(),
-        urllib.request.HTTPDefaultErrorHandler(),
-        _RedirectHandler(),
-        urllib.request.HTTPErrorProcessor(),
-    ):
-        opener.add_handler(handler)
-    return opener
+class _Fetch:
+    """One fetch, abortable from another thread: it remembers every connection it opens."""
 
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.budget = round(deadline - time.monotonic(), 1)  # seconds, for messages
+        self._lock = threading.Lock()
+        self._connections: list[http.client.HTTPConnection] = []
+        self._aborted = False
 
-def _fetch(url: str) -> tuple[str, Message, bytes, bool]:
-    """GET ``url``; return (final URL, headers, body, whether the body was cut)."""
-    request = urllib.request.Request(
-        url,
-        method="GET",
-        headers={
-            "User-Agent": USER_AGENT,
-            "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
-        },
-    )
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        with _opener().open(request, timeout=TIMEOUT_S) as response:
-            body, cut = _read_body(response, deadline, url)
-            return response.geturl(), response.headers, body, cut
-    except urllib.error.HTTPError as e:
-        e.close()
-        failed_url = e.geturl() or url
-        if e.code in (301, 302, 303, 307, 308) and e.headers.get("location"):
+    def abort(self) -> None:
+        """Shut down the sockets: a read blocked in the fetch thread returns at once."""
+        with self._lock:
+            self._aborted = True
+            connections = list(self._connections)
+        for conn in connections:
+            _shutdown(conn.sock)
+
+    def _connection(self, cls: type[http.client.HTTPConnection]) -> Any:
+        def make(host: str, **kwargs: Any) -> http.client.HTTPConnection:
+            conn = cls(host, **kwargs)
+            with self._lock:
+                if self._aborted:
+                    raise TimeoutError
+                self._connections.append(conn)
+            _patch_connect(conn, self)
+            return conn
+
+        return make
+
+    def remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0 or self._aborted:
+            raise TimeoutError
+        return left
+
+    def opener(self) -> urllib.request.OpenerDirector:
+        # Built by hand so no file:, ftp: or data: handler is ever reachable.
+        fetch = self
+
+        class HTTPHandler(urllib.request.HTTPHandler):
+            def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+                return super().do_open(fetch._connection(http_class), req, **kwargs)
+
+        class HTTPSHandler(urllib.request.HTTPSHandler):
+            def do_open(self, http_class: Any, req: Any, **kwargs: Any) -> Any:
+                return super().do_open(fetch._connection(http_class), req, **kwargs)
+
+        opener = urllib.request.OpenerDirector()
+        for handler in (
+            urllib.request.ProxyHandler(),  # environment proxies only
+            urllib.request.UnknownHandler(),
+            HTTPHandler(),
+            HTTPSHandler(),
+            urllib.request.HTTPDefaultErrorHandler(),
+            _RedirectHandler(),
+            urllib.request.HTTPErrorProcessor(),
+        ):
+            opener.add_handler(handler)
+        return opener
+
+    def get(self, url: str) -> tuple[str, Message, bytes, bool]:
+        """GET ``url``; return (final URL, headers, body, whether the body was cut)."""
+        request = urllib.request.Request(
+            url,
+            method="GET",
+            headers={
+                "User-Agent": USER_AGENT,
+                "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.5",
+            },
+        )
+        budget = self.budget
+        try:
+            with self.opener().open(request, timeout=self.remaining()) as response:
+                body, cut = _read_body(response, self, url)
+                return response.geturl(), response.headers, body, cut
+        except urllib.error.HTTPError as e:
+            e.close()
+            failed_url = e.geturl() or url
+            if e.code in (301, 302, 303, 307, 308) and e.headers.get("location"):
+                raise ToolFailure(
+                    f"webfetch: too many redirects (more than {MAX_REDIRECTS}) for {url}"
+                ) from None
+            raise ToolFailure(f"webfetch: HTTP {e.code} {e.reason} for {failed_url}") from None
+        except _RedirectRefused as e:
             raise ToolFailure(
-                f"webfetch: too many redirects (more than {MAX_REDIRECTS}) for {url}"
+                f"webfetch: refusing to follow a redirect to {e} (from {url})"
             ) from None
-        raise ToolFailure(f"webfetch: HTTP {e.code} {e.reason} for {failed_url}") from None
-    except _RedirectRefused as e:
-        raise ToolFailure(f"webfetch: refusing to follow a redirect to {e} (from {url})") from None
-    except urllib.error.URLError as e:
-        if isinstance(e.reason, TimeoutError):
-            raise ToolFailure(f"webfetch: timed out after {TIMEOUT_S:g} s fetching {url}") from None
-        raise ToolFailure(f"webfetch: cannot fetch {url}: {e.reason}") from None
-    except TimeoutError:
-        raise ToolFailure(f"webfetch: timed out after {TIMEOUT_S:g} s fetching {url}") from None
-    except (http.client.HTTPException, OSError, ValueError) as e:
-        raise ToolFailure(f"webfetch: cannot fetch {url}: {type(e).__name__}: {e}") from None
+        except urllib.error.URLError as e:
+            if isinstance(e.reason, TimeoutError) or self._aborted:
+                raise ToolFailure(
+                    f"webfetch: timed out after {budget:g} s fetching {url}"
+                ) from None
+            raise ToolFailure(f"webfetch: cannot fetch {url}: {e.reason}") from None
+        except TimeoutError:
+            raise ToolFailure(f"webfetch: timed out after {budget:g} s fetching {url}") from None
+        except (http.client.HTTPException, OSError, ValueError) as e:
+            if self._aborted:
+                raise ToolFailure(
+                    f"webfetch: timed out after {budget:g} s fetching {url}"
+                ) from None
+            raise ToolFailure(f"webfetch: cannot fetch {url}: {type(e).__name__}: {e}") from None
 
 
-def _read_body(response: Any, deadline: float, url: str) -> tuple[bytes, bool]:
+def _patch_connect(conn: http.client.HTTPConnection, fetch: _Fetch) -> None:
+    """After connecting, re-check the abort flag (abort() may have run during connect)."""
+    connect = conn.connect
+
+    def connect_then_check() -> None:
+        conn.timeout = fetch.remaining()
+        connect()
+        if fetch._aborted:
+            _shutdown(conn.sock)
+            raise TimeoutError
+
+    conn.connect = connect_then_check  # type: ignore[method-assign]
+
+
+def _shutdown(sock: socket.socket | None) -> None:
+    if sock is None:
+        return
+    # The plain socket's shutdown, also for TLS: SSLSocket.shutdown would also drop its SSL
+    # object under the reading thread's feet. OSError: already closed or never connected.
+    with contextlib.suppress(OSError):
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+def _read_body(response: Any, fetch: _Fetch, url: str) -> tuple[bytes, bool]:
     """Read at most :data:`MAX_RESPONSE_BYTES` (decompressed), within the deadline."""
     chunks: list[bytes] = []
     total = 0
     while total <= MAX_RESPONSE_BYTES:
-        if time.monotonic() > deadline:
-            raise TimeoutError
-        chunk = response.read(min(64 * 1024, MAX_RESPONSE_BYTES + 1 - total))
+        fetch.remaining()  # raises TimeoutError once the deadline has passed
+        # read1: whatever has arrived (at most one recv), so the loop re-checks the deadline.
+        chunk = response.read1(min(64 * 1024, MAX_RESPONSE_BYTES + 1 - total))
         if not chunk:
             break
         chunks.append(chunk)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gzip
 import http.server
 import pathlib
@@ -22,15 +23,40 @@ def run_call(host: ToolHost, tool: str, cwd: pathlib.Path, /, **params: object) 
     return asyncio.run(host.invoke(ToolCall(tool, dict(params), cwd, 1)))
 
 
-@pytest.fixture
-def invoke(tmp_path: pathlib.Path) -> Invoke:
-    """``invoke(tool, **params)`` through a default ToolHost whose cwd is ``tmp_path``."""
+@pytest.fixture(scope="session")
+def shared_host() -> Iterator[ToolHost]:
+    """One default ToolHost for the whole session: its grep/find worker processes stay warm."""
     host = ToolHost(default_registry())
+    yield host
+    host.close()
+
+
+@pytest.fixture
+def invoke(tmp_path: pathlib.Path, shared_host: ToolHost) -> Invoke:
+    """``invoke(tool, **params)`` through a default ToolHost, with ``tmp_path`` as the cwd."""
+
+    def _invoke(tool: str, /, **params: object) -> str:
+        return run_call(shared_host, tool, tmp_path, **params)
+
+    return _invoke
+
+
+@pytest.fixture
+def invoke_here(tmp_path: pathlib.Path) -> Iterator[Invoke]:
+    """Like ``invoke``, but grep and find run in this process (on a thread), not in a worker
+    process: for tests that monkeypatch a module's limits, which a worker would not see."""
+    registry = default_registry()
+    for name in ("grep", "find"):
+        spec = registry.get(name)
+        assert spec is not None
+        registry.register(dataclasses.replace(spec, isolated=False, inline=None), replace=True)
+    host = ToolHost(registry)
 
     def _invoke(tool: str, /, **params: object) -> str:
         return run_call(host, tool, tmp_path, **params)
 
-    return _invoke
+    yield _invoke
+    host.close()
 
 
 HTML_PAGE = b"""<!DOCTYPE html>

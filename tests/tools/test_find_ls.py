@@ -83,23 +83,25 @@ def test_symlinked_dirs_are_listed_but_not_entered(tree: pathlib.Path, invoke: I
     assert not any(line.startswith("src/pkg/loop/") and line != "src/pkg/loop/" for line in out)
 
 
-def test_find_cap(tmp_path: pathlib.Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_find_cap(
+    tmp_path: pathlib.Path, invoke_here: Invoke, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(_find, "MAX_RESULTS", 5)
     for i in range(8):
         (tmp_path / f"f{i}.txt").write_text("")
-    out = invoke("find", pattern="*.txt").splitlines()
+    out = invoke_here("find", pattern="*.txt").splitlines()
     assert out == [f"f{i}.txt" for i in range(5)] + [
         "[truncated: showing 5 of 8 matches; narrow the pattern]"
     ]
 
 
 def test_find_walk_limit(
-    tmp_path: pathlib.Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, invoke_here: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_find, "MAX_WALK_ENTRIES", 3)
     for i in range(8):
         (tmp_path / f"f{i}.txt").write_text("")
-    out = invoke("find", pattern="*.txt").splitlines()
+    out = invoke_here("find", pattern="*.txt").splitlines()
     assert out[:3] == ["f0.txt", "f1.txt", "f2.txt"]
     assert out[3].startswith("[truncated: stopped after visiting 3 entries")
 

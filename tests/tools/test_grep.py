@@ -103,23 +103,23 @@ def test_long_lines_are_cut(tmp_path: pathlib.Path, invoke: Invoke) -> None:
 
 
 def test_file_limit(
-    tmp_path: pathlib.Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, invoke_here: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_grep, "MAX_FILES_SEARCHED", 3)
     for i in range(6):
         (tmp_path / f"f{i}.txt").write_text("hit\n")
-    out = invoke("grep", pattern="hit").splitlines()
+    out = invoke_here("grep", pattern="hit").splitlines()
     assert out[:3] == ["f0.txt:1:hit", "f1.txt:1:hit", "f2.txt:1:hit"]
     assert out[3] == "[truncated: stopped after searching 3 files; narrow the path or glob]"
 
 
 def test_oversized_files_are_skipped(
-    tmp_path: pathlib.Path, invoke: Invoke, monkeypatch: pytest.MonkeyPatch
+    tmp_path: pathlib.Path, invoke_here: Invoke, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_grep, "MAX_FILE_BYTES", 100)
     (tmp_path / "big.txt").write_text("hit\n" * 100)
     (tmp_path / "small.txt").write_text("hit\n")
-    assert invoke("grep", pattern="hit").splitlines() == [
+    assert invoke_here("grep", pattern="hit").splitlines() == [
         "small.txt:1:hit",
         "[skipped 1 files larger than 0 MiB]",
     ]

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import pathlib
 import socket
 
 import pytest
 
 from lemon_exec.errors import ToolFailure
-from lemon_exec.tools import _webfetch
+from lemon_exec.tools import ToolHost, _webfetch, default_registry
 
-from .conftest import Invoke
+from .conftest import Invoke, run_call
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -99,14 +100,15 @@ def test_connection_refused(invoke: Invoke) -> None:
             invoke("webfetch", url=f"http://127.0.0.1:{port}/")
 
 
-def test_timeout(invoke: Invoke, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_webfetch, "TIMEOUT_S", 0.3)
+def test_timeout(tmp_path: pathlib.Path) -> None:
+    host = ToolHost(default_registry(), time_limits={"webfetch": 0.3})
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen(1)  # accepts the connection, never answers
         port = s.getsockname()[1]
         with pytest.raises(ToolFailure, match=r"webfetch: timed out after 0.3 s"):
-            invoke("webfetch", url=f"http://127.0.0.1:{port}/slow")
+            run_call(host, "webfetch", tmp_path, url=f"http://127.0.0.1:{port}/slow")
+    host.close()
 
 
 def test_bad_params(http_base: str, invoke: Invoke) -> None:
