@@ -22,9 +22,10 @@ import pytest
 from support import configured
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.envelope import parse_envelope
 from lemon_exec.errors import ToolFailure
 from lemon_exec.kernel import protocol
-from lemon_exec.result import DIAGNOSTICS_HEADER, TEXT_HEADER, UNTRUSTED_CLOSE, UNTRUSTED_OPEN
+from lemon_exec.result import DIAGNOSTICS_HEADER, TEXT_HEADER, WEBFETCH_NOTICE
 from lemon_exec.tools import (
     ApprovalOutcome,
     PolicyDecision,
@@ -306,13 +307,16 @@ def test_webfetch_marks_the_run_untrusted(
     result = run(ec, scope, f"page = webfetch({http_url!r})\ntext(page)\nprint('diag')\n")
     assert result.details["exit_code"] == 0, result.content
     assert result.trust == "untrusted"
-    assert result.content.startswith(UNTRUSTED_OPEN + "\n\n")
-    assert result.content.endswith("\n\n" + UNTRUSTED_CLOSE)
+    envelope = parse_envelope(result.content)
+    assert envelope is not None, result.content
+    assert envelope[1].startswith(WEBFETCH_NOTICE + "\n\n")
     assert "Hello Lemon" in result.content
     assert TEXT_HEADER in result.content and DIAGNOSTICS_HEADER in result.content
     assert result.details["rpc_tools"] == ["webfetch"]
-    # The next run, without webfetch, is trusted again.
-    assert run(ec, scope, "print(1)").trust == "trusted"
+    # The session's state may hold the page now: the next run stays untrusted (tests/
+    # test_trust.py has the details); a reset makes the session trusted again.
+    assert run(ec, scope, "print(1)").trust == "untrusted"
+    assert run(ec, scope, "print(1)", reset=True).trust == "trusted"
 
 
 # -- exact counts, budgets --------------------------------------------------------------------

@@ -3,16 +3,22 @@
 Starting the server is the user's explicit opt-in, so execute_code is offered unless the
 config file or the environment disables it explicitly (then only the shell tools are served).
 
-Exit status: 0 after stdin closed (stdio) or a clean HTTP shutdown, 2 for usage and
-configuration errors (bad config, bad --http address, a non-loopback host without
---allow-remote, the ``mcp`` package missing), 128 + N after signal N (130 Ctrl-C, 143 SIGTERM),
-once every kernel has been stopped.
+Over HTTP every request needs ``Authorization: Bearer <token>``: the token comes from
+``--token`` or ``LEMON_EXEC_MCP_TOKEN``, else a random one is generated and printed (stderr)
+with the URL. ``--no-auth`` drops the check, and is refused unless the host is loopback.
+
+Exit status: 0 after stdin closed (stdio) or a clean HTTP shutdown, 1 when the HTTP address
+cannot be bound, 2 for usage and configuration errors (bad config, bad --http address or
+token, a non-loopback host without --allow-remote, --no-auth off loopback, the ``mcp``
+package missing), 128 + N after signal N (130 Ctrl-C, 143 SIGTERM), once every kernel has been
+stopped.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 from typing import Any
 
@@ -21,7 +27,10 @@ from lemon_exec.errors import LemonExecError
 
 __all__ = ["mcp_command", "register"]
 
+EXIT_LISTEN = 1
 EXIT_USAGE = 2
+#: Environment variable holding the HTTP bearer token (``--token`` wins over it).
+TOKEN_ENV = "LEMON_EXEC_MCP_TOKEN"
 
 
 def register(subparsers: Any) -> None:
@@ -37,8 +46,10 @@ def register(subparsers: Any) -> None:
             "code with this user's permissions: this is not a sandbox."
         ),
         epilog=(
-            "exit status: 0 stdin closed or clean shutdown, 2 usage or configuration error, "
-            "130/143 stopped by SIGINT/SIGTERM (kernels are stopped first)"
+            "HTTP clients must send 'Authorization: Bearer <token>'. "
+            "exit status: 0 stdin closed or clean shutdown, 1 cannot listen on the address, "
+            "2 usage or configuration error, 130/143 stopped by SIGINT/SIGTERM (kernels are "
+            "stopped first)"
         ),
     )
     parser.add_argument(
@@ -57,8 +68,22 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--allow-remote",
         action="store_true",
-        help="allow a non-loopback --http host. The tools have bash-equivalent authority "
-        "and the endpoint has no authentication: anyone who reaches the port can run code",
+        help="allow a non-loopback --http host. The tools have bash-equivalent authority and "
+        "plain HTTP carries the bearer token in clear text: use only on a trusted network",
+    )
+    parser.add_argument(
+        "--token",
+        metavar="TOKEN",
+        default=None,
+        help=f"the bearer token HTTP clients must send (at least 16 printable ASCII "
+        f"characters); default: ${TOKEN_ENV}, else a random token printed at start. "
+        f"Prefer the environment variable: other users can read command lines",
+    )
+    parser.add_argument(
+        "--no-auth",
+        action="store_true",
+        help="serve HTTP without a token: any local process can then run code through it. "
+        "Refused unless the --http host is loopback",
     )
     parser.add_argument(
         "--config",
@@ -75,12 +100,15 @@ def mcp_command(args: argparse.Namespace) -> int:
         _error("the MCP server needs the mcp package: pip install 'lemon_exec[mcp]'")
         return EXIT_USAGE
     from lemon_exec.mcp import (
+        ListenFailed,
+        NoAuthRefused,
         RemoteHostRefused,
         build_server,
         parse_http_address,
         run_http,
         run_stdio,
     )
+    from lemon_exec.mcp._auth import check_token
 
     address: tuple[str, int] | None = None
     if args.http is not None:
@@ -89,9 +117,26 @@ def mcp_command(args: argparse.Namespace) -> int:
         except ValueError as exc:
             _error(f"--http: {exc}")
             return EXIT_USAGE
-    elif args.allow_remote:
-        _error("--allow-remote only applies to --http")
-        return EXIT_USAGE
+    else:
+        for flag, given in (
+            ("--allow-remote", args.allow_remote),
+            ("--token", args.token is not None),
+            ("--no-auth", args.no_auth),
+        ):
+            if given:
+                _error(f"{flag} only applies to --http")
+                return EXIT_USAGE
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
+    if address is not None and token is not None:
+        source = "--token" if args.token is not None else TOKEN_ENV
+        if args.no_auth:
+            _error(f"--no-auth and {source} exclude each other: serve with a token or without")
+            return EXIT_USAGE
+        try:
+            check_token(token)
+        except ValueError as exc:
+            _error(f"{source}: {exc}")
+            return EXIT_USAGE
     try:
         config = ExecuteCodeConfig.load(args.config, default_enabled=True)
     except LemonExecError as exc:
@@ -102,10 +147,15 @@ def mcp_command(args: argparse.Namespace) -> int:
     if address is None:
         return run_stdio(server)
     try:
-        return run_http(server, *address, allow_remote=args.allow_remote)
-    except RemoteHostRefused as exc:
+        return run_http(
+            server, *address, token=token, no_auth=args.no_auth, allow_remote=args.allow_remote
+        )
+    except (RemoteHostRefused, NoAuthRefused) as exc:
         _error(str(exc))
         return EXIT_USAGE
+    except ListenFailed as exc:
+        _error(f"cannot listen on {args.http}: {exc.strerror or exc}")
+        return EXIT_LISTEN
 
 
 def _error(message: str) -> None:

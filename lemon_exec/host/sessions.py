@@ -34,7 +34,7 @@ from lemon_exec.errors import LemonExecError, SessionBusyError
 from lemon_exec.host import cell as cells
 from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.kernel import protocol
-from lemon_exec.result import ExecuteCodeResult, build_result, refusal
+from lemon_exec.result import ExecuteCodeResult, build_result, cell_untrusted, refusal
 from lemon_exec.scope import SessionScope
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class SessionKernel:
     cells_run: int = 0
     lost_reason: str | None = None  # why the previous kernel's state is gone
     interpreter: str = ""  # the path to launch: a venv's python must not be resolved
+    # The live kernel's state may hold untrusted data (a call fetched web content): every
+    # later result from it is untrusted. Only a new kernel (reset, crash, eviction) clears it.
+    tainted: bool = False
 
     @property
     def busy(self) -> bool:
@@ -180,6 +183,7 @@ def _owner_collected(registry_ref: Any, owner_id: int, loop: asyncio.AbstractEve
 class SessionRun:
     cell: cells.CellResult
     details: dict[str, Any]
+    tainted: bool = False  # the kernel held untrusted data before this cell ran
 
 
 class SessionRegistry:
@@ -239,6 +243,7 @@ class SessionRegistry:
             if entry.kernel is not None and not reused:
                 entry.lost_reason = "crashed"  # it died while idle; noticed only now
             lost_reason = None if reused else entry.lost_reason
+            tainted = reused and entry.tainted  # a fresh kernel holds nothing fetched
             if not reused:
                 await self._start(entry)
             assert entry.kernel is not None
@@ -252,6 +257,7 @@ class SessionRegistry:
                 raise
             entry.cells_run += 1
             entry.last_used = time.monotonic()
+            entry.tainted = result.kernel_reusable and (tainted or cell_untrusted(result))
             if result.kernel_reusable:
                 self._set_phase(entry, "idle")
             else:
@@ -264,9 +270,11 @@ class SessionRegistry:
                 "kernel_id": entry.kernel_id,
                 "queue_wait_ms": int((ticket.started - queued_at) * 1000),
             }
+            if entry.tainted:  # later results of this kernel are untrusted too
+                details["session_tainted"] = True
             if lost_reason and not reset_performed:
                 details["kernel_lost_reason"] = lost_reason
-            return SessionRun(result, details)
+            return SessionRun(result, details, tainted)
         finally:
             self._release(entry, ticket)
 
@@ -602,7 +610,10 @@ async def run_in_session(
             )
         else:
             return build_result(
-                run.cell, timeout_ms=call.timeout_ms, details={**details, **run.details}
+                run.cell,
+                timeout_ms=call.timeout_ms,
+                details={**details, **run.details},
+                tainted=run.tainted,
             )
     engine.telemetry.emit("session.fallback", {}, {"reason": reason})
     fallback = {**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False}

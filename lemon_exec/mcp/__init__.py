@@ -16,6 +16,8 @@ Needs the ``mcp`` extra (``pip install 'lemon_exec[mcp]'``). See ``docs/mcp.md``
 from __future__ import annotations
 
 from lemon_exec.mcp._serve import (
+    ListenFailed,
+    NoAuthRefused,
     RemoteHostRefused,
     is_loopback_host,
     parse_http_address,
@@ -35,6 +37,8 @@ __all__ = [
     "SERVER_NAME",
     "SHELL_SERVER_NAME",
     "LemonExecServer",
+    "ListenFailed",
+    "NoAuthRefused",
     "RemoteHostRefused",
     "build_server",
     "is_loopback_host",

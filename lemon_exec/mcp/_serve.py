@@ -2,6 +2,9 @@
 
 Shutdown is what matters here: the server's lifespan closes the ExecuteCode facade (and so
 every kernel) when serving ends, whether it ends by stdin EOF, SIGTERM, SIGINT or SIGHUP.
+
+Over HTTP every request needs a bearer token (``_auth``): the tools run code as this user, so
+without one any local process (or, with --allow-remote, any host) could use them.
 """
 
 from __future__ import annotations
@@ -12,13 +15,23 @@ import os
 import signal
 import socket
 import sys
+from typing import Any
 
 import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
+from lemon_exec.mcp._auth import BearerAuth, check_token, new_token
 from lemon_exec.mcp._server import LemonExecServer
 
-__all__ = ["RemoteHostRefused", "is_loopback_host", "parse_http_address", "run_http", "run_stdio"]
+__all__ = [
+    "ListenFailed",
+    "NoAuthRefused",
+    "RemoteHostRefused",
+    "is_loopback_host",
+    "parse_http_address",
+    "run_http",
+    "run_stdio",
+]
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +42,27 @@ _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 REMOTE_REFUSED = (
     "lemon-exec mcp: refusing to listen on {host!r}, which is not a loopback address. The "
     "tools run Python scripts and shell commands with this user's permissions (bash-equivalent "
-    "authority) and the HTTP endpoint has no authentication, so anyone who can reach the port "
-    "can run code here. Use 127.0.0.1 / localhost / ::1, or pass --allow-remote if the network "
-    "is trusted (and put authentication in front of it)."
+    "authority), and the bearer token would cross the network in clear text (plain HTTP). Use "
+    "127.0.0.1 / localhost / ::1, or pass --allow-remote if the network is trusted (better: "
+    "put a TLS proxy in front of a loopback listener)."
+)
+NO_AUTH_REFUSED = (
+    "lemon-exec mcp: refusing --no-auth on {host!r}, which is not a loopback address: anyone "
+    "who can reach the port could run code here with this user's permissions. --no-auth is "
+    "only allowed on 127.0.0.1 / localhost / ::1; drop it to require a bearer token."
 )
 
 
 class RemoteHostRefused(ValueError):
     """The HTTP host is not a loopback address and remote serving was not allowed."""
+
+
+class NoAuthRefused(ValueError):
+    """``no_auth`` was asked for a host that is not a loopback address."""
+
+
+class ListenFailed(OSError):
+    """The HTTP address could not be bound (the port is taken, the address is not local...)."""
 
 
 def parse_http_address(value: str) -> tuple[str, int]:
@@ -113,20 +139,47 @@ async def _stop_on_signal(
 
 
 def run_http(
-    server: LemonExecServer, host: str, port: int, *, allow_remote: bool = False, path: str = "/mcp"
+    server: LemonExecServer,
+    host: str,
+    port: int,
+    *,
+    token: str | None = None,
+    no_auth: bool = False,
+    allow_remote: bool = False,
+    path: str = "/mcp",
 ) -> int:
     """Serve streamable HTTP on ``http://HOST:PORT/mcp`` until SIGINT/SIGTERM.
 
-    Refuses (``RemoteHostRefused``) a host that is not loopback unless ``allow_remote``.
-    On loopback the SDK's DNS-rebinding protection is on (Host and Origin must be local).
+    Every request must send ``Authorization: Bearer <token>`` (else 401). Without ``token``
+    a random one is generated and printed to stderr with the URL. ``no_auth`` serves without
+    a token, and only on a loopback host (``NoAuthRefused`` otherwise). Refuses
+    (``RemoteHostRefused``) a host that is not loopback unless ``allow_remote``. On loopback
+    the SDK's DNS-rebinding protection is on (Host and Origin must be local). ``OSError`` if
+    the address cannot be bound (``ListenFailed``, say the port is taken).
     """
-    if not allow_remote and not is_loopback_host(host):
+    loopback = is_loopback_host(host)
+    if no_auth and token is not None:
+        raise ValueError("a token and no_auth exclude each other")
+    if no_auth and not loopback:
+        raise NoAuthRefused(NO_AUTH_REFUSED.format(host=host))
+    if not allow_remote and not loopback:
         raise RemoteHostRefused(REMOTE_REFUSED.format(host=host))
+    generated = token is None and not no_auth
+    if generated:
+        token = new_token()
+    elif token is not None:
+        check_token(token)
     import uvicorn  # the SDK's HTTP runner; imported here so stdio never needs it
 
-    app = server.streamable_http_app(
+    app: Any = server.streamable_http_app(
         streamable_http_path=path, host=host, transport_security=_transport_security(host)
     )
+    if token is not None:
+        app = BearerAuth(app, token)
+    # Listening before the announcement, so a client that reads the URL can connect at once
+    # (its connection waits in the backlog until uvicorn has started).
+    sock = _listen(host, port)
+    _announce(host, sock.getsockname()[1], path, token if generated else None, no_auth=no_auth)
     config = uvicorn.Config(
         app,
         host=host,
@@ -138,8 +191,44 @@ def run_http(
         timeout_graceful_shutdown=3,
     )
     # uvicorn handles SIGINT/SIGTERM itself: graceful shutdown, then the app lifespan ends.
-    uvicorn.Server(config).run()
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
     return 0
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket listening on ``host:port`` (uvicorn's choices: IPv6 iff the host has a colon)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as exc:
+        sock.close()
+        raise ListenFailed(exc.errno, exc.strerror or str(exc)) from exc
+    return sock
+
+
+def _announce(host: str, port: int, path: str, token: str | None, *, no_auth: bool) -> None:
+    """Tell the user (stderr) where the server listens and how to authenticate."""
+    named = f"[{host}]" if ":" in host else host
+    lines = [f"lemon-exec mcp: listening on http://{named}:{port}{path}"]
+    if no_auth:
+        lines.append(
+            "lemon-exec mcp: WARNING: no authentication (--no-auth): any local process can "
+            "run code through this endpoint"
+        )
+    elif token is not None:
+        lines.append(f"lemon-exec mcp: bearer token: {token}")
+        lines.append(
+            "lemon-exec mcp: clients must send 'Authorization: Bearer <token>'; the token is "
+            "new at every start (fix it with LEMON_EXEC_MCP_TOKEN or --token)"
+        )
+    else:
+        lines.append("lemon-exec mcp: clients must send 'Authorization: Bearer <token>'")
+    print("\n".join(lines), file=sys.stderr, flush=True)
 
 
 def _transport_security(host: str) -> TransportSecuritySettings | None:

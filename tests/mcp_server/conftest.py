@@ -29,6 +29,7 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith(("LEMON_EXECUTE_CODE_", "DPTTOOLS_")):
             monkeypatch.delenv(name)
+    monkeypatch.delenv("LEMON_EXEC_MCP_TOKEN", raising=False)  # the HTTP bearer token
     # Spares cost CPU on a shared 2-core machine and no test here needs them.
     monkeypatch.setenv("LEMON_EXECUTE_CODE_WARM_KERNELS", "0")
     # An ambient proxy must not capture the loopback web server.

@@ -1,17 +1,29 @@
-"""``lemon-exec mcp --http``: streamable HTTP on loopback, and the address checks."""
+"""``lemon-exec mcp --http``: streamable HTTP on loopback behind a bearer token, and the
+address and token checks. The servers are real ``lemon-exec`` subprocesses."""
 
 from __future__ import annotations
 
+import contextlib
+import http.client
+import json
+import os
+import queue
 import signal
 import socket
 import subprocess
+import threading
 import time
+import urllib.parse
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
-from mcp import Client
+from mcp import Client, MCPError
+from mcp.client.streamable_http import streamable_http_client
 
 from lemon_exec.cli import main
+from lemon_exec.cli.mcp import TOKEN_ENV
 from lemon_exec.mcp import is_loopback_host, parse_http_address
 
 from .conftest import lemon_exec_argv
@@ -25,52 +37,220 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_listening(proc: subprocess.Popen[bytes], port: int, within: float = 30.0) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, f"the server exited with {proc.returncode}"
+class HttpServer:
+    """A ``lemon-exec mcp --http`` subprocess and what it announced on stderr."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: queue.Queue[str] = queue.Queue()
+        self.announced: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.lines.put(line)
+
+    def wait_listening(self, within: float = 30.0) -> str:
+        """The URL from the "listening on" line, once the server printed it."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            try:
+                line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                assert self.proc.poll() is None, f"the server exited with {self.proc.returncode}"
+                continue
+            self.announced.append(line)
+            if "listening on " in line:
+                # The bearer-token lines follow at once, in the same write.
+                time.sleep(0.2)
+                while not self.lines.empty():
+                    self.announced.append(self.lines.get())
+                return line.rsplit(" ", 1)[1].strip()
+        raise AssertionError(f"no 'listening on' line after {within} s: {self.announced}")
+
+    @property
+    def token(self) -> str | None:
+        for line in self.announced:
+            if "bearer token: " in line:
+                return line.rsplit(" ", 1)[1].strip()
+        return None
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing listens on 127.0.0.1:{port} after {within} s")
+            return self.proc.wait(20)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+@contextlib.contextmanager
+def http_server(
+    tmp_path: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[HttpServer, str]]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        lemon_exec_argv("mcp", "--http", f"127.0.0.1:{port}", *args),
+        cwd=tmp_path,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    server = HttpServer(proc)
+    try:
+        url = server.wait_listening()
+        assert url == f"http://127.0.0.1:{port}/mcp"
+        yield server, url
+    finally:
+        status = server.stop()
+    # uvicorn re-raises the signal once it has shut down (lifespan included).
+    assert status in (-signal.SIGTERM, 128 + signal.SIGTERM, 0)
+
+
+def _post(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """A raw JSON-RPC POST (tools/list), as any local process could send it."""
+    parts = urllib.parse.urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    try:
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+        conn.request(
+            "POST",
+            parts.path,
+            body,
+            {
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream",
+                **(headers or {}),
+            },
+        )
+        response = conn.getresponse()
+        return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
+    finally:
+        conn.close()
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    inner = getattr(exc, "exceptions", None)  # an ExceptionGroup (or its backport)
+    if isinstance(inner, tuple):
+        return [leaf for sub in inner for leaf in _leaves(sub)]
+    return [exc]
+
+
+@contextlib.asynccontextmanager
+async def bearer_client(url: str, token: str) -> AsyncIterator[Client]:
+    """The SDK's streamable HTTP client, sending the bearer token on every request."""
+    async with (
+        httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
+        Client(streamable_http_client(url, http_client=http)) as client,
+    ):
+        yield client
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_http_requires_the_generated_bearer_token(tmp_path: Path) -> None:
+    with http_server(tmp_path) as (server, url):
+        token = server.token
+        assert token is not None and len(token) >= 43, server.announced
+        # No token, a wrong one, the wrong scheme, a prefix of the right one: 401, and the
+        # SDK behind never sees the request.
+        for headers in (
+            {},
+            {"Authorization": "Bearer " + "x" * len(token)},
+            {"Authorization": f"Basic {token}"},
+            {"Authorization": f"Bearer {token[:-1]}"},
+            {"Authorization": token},
+        ):
+            status, reply_headers, body = _post(url, headers)
+            assert status == 401, (headers, body)
+            assert reply_headers["www-authenticate"].startswith("Bearer")
+            assert b"Authorization: Bearer <token>" in body
+        status, _, _ = _post(url.replace("/mcp", "/elsewhere"))
+        assert status == 401
+        # The SDK client without the header fails too.
+        with pytest.raises(BaseException) as refused:
+            async with Client(url) as client:
+                await client.list_tools()
+        assert any(isinstance(e, MCPError) for e in _leaves(refused.value)), refused.value
+
+        async with bearer_client(url, token) as client:
+            assert client.server_info is not None
+            assert client.server_info.name == "lemon-exec"
+            names = [t.name for t in (await client.list_tools()).tools]
+            assert names == ["execute_code", "execute_command", "restart_session"]
+            code = await client.call_tool("execute_code", {"script": "text(6 * 7)"})
+            command = await client.call_tool("execute_command", {"command": "echo over-http"})
+    assert not code.is_error
+    assert code.structured_content is not None
+    assert code.structured_content["details"]["exit_code"] == 0
+    assert "42" in code.content[0].text  # type: ignore[union-attr]
+    assert command.structured_content is not None
+    assert command.structured_content["stdout"] == "over-http\n"
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("only", [(), ("--only", "shell")])
-async def test_http_lists_tools(tmp_path: Path, only: tuple[str, ...]) -> None:
-    port = _free_port()
-    proc = subprocess.Popen(
-        lemon_exec_argv("mcp", "--http", f"127.0.0.1:{port}", *only),
-        cwd=tmp_path,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        _wait_listening(proc, port)
-        async with Client(f"http://127.0.0.1:{port}/mcp") as client:
+async def test_http_token_from_the_environment(tmp_path: Path) -> None:
+    token = "env-token-" + "k" * 20
+    with http_server(tmp_path, "--only", "shell", env={TOKEN_ENV: token}) as (server, url):
+        assert server.token is None  # a token the user chose is not echoed
+        assert token not in "".join(server.announced)
+        assert _post(url, {"Authorization": "Bearer wrong-" + "k" * 20})[0] == 401
+        async with bearer_client(url, token) as client:
             assert client.server_info is not None
-            name = client.server_info.name
+            assert client.server_info.name == "code-execution-tools"
             names = [t.name for t in (await client.list_tools()).tools]
             result = await client.call_tool("execute_command", {"command": "echo over-http"})
-        if only:
-            assert name == "code-execution-tools"
-            assert names == ["execute_command", "restart_session"]
-        else:
-            assert name == "lemon-exec"
-            assert names == ["execute_code", "execute_command", "restart_session"]
-        assert result.structured_content is not None
-        assert result.structured_content["stdout"] == "over-http\n"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            status = proc.wait(20)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.communicate()
-    # uvicorn re-raises the signal once it has shut down (lifespan included).
-    assert status in (-signal.SIGTERM, 128 + signal.SIGTERM, 0)
+    assert names == ["execute_command", "restart_session"]
+    assert result.structured_content is not None
+    assert result.structured_content["stdout"] == "over-http\n"
+
+
+@pytest.mark.anyio
+async def test_http_no_auth_on_loopback(tmp_path: Path) -> None:
+    with http_server(tmp_path, "--only", "shell", "--no-auth") as (server, url):
+        assert server.token is None
+        assert any("no authentication" in line for line in server.announced)
+        async with Client(url) as client:
+            result = await client.call_tool("execute_command", {"command": "echo open"})
+    assert result.structured_content is not None
+    assert result.structured_content["stdout"] == "open\n"
+
+
+def test_http_no_auth_refused_off_loopback() -> None:
+    # A real subprocess, with --allow-remote: the refusal does not depend on it.
+    done = subprocess.run(
+        lemon_exec_argv("mcp", "--http", f"0.0.0.0:{_free_port()}", "--no-auth", "--allow-remote"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "refusing --no-auth on '0.0.0.0'" in done.stderr
+    assert "not a loopback address" in done.stderr
+    assert "listening" not in done.stderr
+
+
+@pytest.mark.parametrize("extra", [(), ("--allow-remote",)])
+@pytest.mark.parametrize("host", ["[::]", "192.0.2.1"])
+def test_no_auth_refused_for_every_non_loopback_host(
+    host: str, extra: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["mcp", "--http", f"{host}:8765", "--no-auth", *extra]) == 2
+    assert "refusing --no-auth" in capsys.readouterr().err
+
+
+def test_http_port_in_use_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["mcp", "--http", f"127.0.0.1:{port}", "--only", "shell"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}" in err
+    assert "listening on" not in err
 
 
 @pytest.mark.parametrize("host", ["0.0.0.0", "[::]", "192.0.2.1"])
@@ -90,12 +270,28 @@ def test_http_refuses_non_loopback_hosts(host: str, capsys: pytest.CaptureFixtur
         ["mcp", "--http", "127.0.0.1:70000"],
         ["mcp", "--http", "::1:8765"],
         ["mcp", "--allow-remote"],
+        ["mcp", "--token", "t" * 20],
+        ["mcp", "--no-auth"],
+        ["mcp", "--http", "127.0.0.1:8765", "--token", "short"],
+        ["mcp", "--http", "127.0.0.1:8765", "--token", "has spaces in the token"],
+        ["mcp", "--http", "127.0.0.1:8765", "--token", "t" * 20, "--no-auth"],
         ["mcp", "--config", "/nonexistent/lemon.toml"],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     assert capsys.readouterr().err.startswith("lemon-exec")
+
+
+def test_a_bad_token_in_the_environment_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(TOKEN_ENV, "short")
+    assert main(["mcp", "--http", "127.0.0.1:8765"]) == 2
+    assert f"{TOKEN_ENV}: the token must be at least 16 characters" in capsys.readouterr().err
+    monkeypatch.setenv(TOKEN_ENV, "t" * 20)
+    assert main(["mcp", "--http", "127.0.0.1:8765", "--no-auth"]) == 2
+    assert "exclude each other" in capsys.readouterr().err
 
 
 def test_parse_http_address() -> None:
@@ -123,5 +319,5 @@ def test_mcp_help_names_the_options(capsys: pytest.CaptureFixture[str]) -> None:
         main(["mcp", "--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    for option in ("--only", "--http", "--allow-remote", "--config"):
+    for option in ("--only", "--http", "--allow-remote", "--token", "--no-auth", "--config"):
         assert option in out

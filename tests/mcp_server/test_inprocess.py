@@ -18,9 +18,10 @@ from mcp import Client
 from mcp_types import CallToolResult, TextContent
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.envelope import parse_envelope
 from lemon_exec.errors import KernelStartError
 from lemon_exec.mcp import SERVER_NAME, SHELL_SERVER_NAME, build_server
-from lemon_exec.result import UNTRUSTED_CLOSE, UNTRUSTED_OPEN
+from lemon_exec.result import WEBFETCH_NOTICE
 from lemon_exec.shell import ShellSession
 
 from .conftest import PAGE_TEXT, gone, read_pid
@@ -202,8 +203,9 @@ async def test_untrusted_result_is_marked(tmp_path: Path, page_url: str) -> None
         result = await client.call_tool("execute_code", {"script": script})
     text = _text(result)
     # The facade's envelope, and nothing put in front of it.
-    assert text.startswith(UNTRUSTED_OPEN)
-    assert text.rstrip().endswith(UNTRUSTED_CLOSE)
+    envelope = parse_envelope(text)
+    assert envelope is not None, text
+    assert envelope[1].startswith(WEBFETCH_NOTICE)
     assert PAGE_TEXT in text
     assert result.structured_content is not None
     assert result.structured_content["trust"] == "untrusted"
