@@ -62,6 +62,7 @@ _POSITIVE_INT_KEYS: tuple[str, ...] = (
     "kernel_idle_timeout_ms",
     "max_live_kernels",
     "max_queued_cells_per_kernel",
+    "max_spill_bytes",
 )
 
 # Every setting, in documentation order: the spec's 13 keys, then lemon_exec's extras.
@@ -81,6 +82,7 @@ SETTING_KEYS: tuple[str, ...] = (
     "max_queued_cells_per_kernel",
     "warm_kernels",
     "fork_server",
+    "max_spill_bytes",
 )
 
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -127,7 +129,13 @@ class ExecuteCodeConfig(Configurable):
     max_output_bytes = Integer(
         50_000,
         help="Most bytes of printed output returned per run; longer output loses its middle "
-        "and is saved whole to a spill file.",
+        "and is saved to a spill file (up to max_spill_bytes).",
+    ).tag(config=True)
+
+    max_spill_bytes = Integer(
+        64 * 2**20,
+        help="Most bytes of one run's output saved to its spill file (default 64 MiB); "
+        "output past it is counted but not stored, and the result says the file is capped.",
     ).tag(config=True)
 
     max_text_bytes = Integer(

@@ -36,6 +36,7 @@ DEFAULTS = {
     "max_queued_cells_per_kernel": 8,
     "warm_kernels": 1,
     "fork_server": True,
+    "max_spill_bytes": 64 * 2**20,
 }
 
 
@@ -75,7 +76,7 @@ def test_every_setting_is_a_documented_config_trait() -> None:
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
-    assert len(keys) == 15  # the spec's 13, warm_kernels, fork_server
+    assert len(keys) == 16  # the spec's 13, warm_kernels, fork_server, max_spill_bytes
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -164,6 +165,7 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_QUEUED_CELLS_PER_KERNEL": "19",
         "LEMON_EXECUTE_CODE_WARM_KERNELS": "2",
         "LEMON_EXECUTE_CODE_FORK_SERVER": "off",
+        "LEMON_EXECUTE_CODE_MAX_SPILL_BYTES": "22",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -181,6 +183,7 @@ def test_every_env_variable_is_read() -> None:
         "max_queued_cells_per_kernel": 19,
         "warm_kernels": 2,
         "fork_server": False,
+        "max_spill_bytes": 22,
     }
 
 

@@ -4,6 +4,10 @@ Output, text blocks, notifications and helper calls are all handled as they arri
 kernel's IOPub reader calls :class:`_CellSink`), while a watchdog waits for the end: the
 execute reply *and* IOPub idle, the deadline, an abort, or the kernel's death (polled, so a
 dead kernel is noticed within about 100 ms and never waited on).
+
+The deadline does not wait for output to drain: the kernel's readers yield to the event loop
+after every message, and after a timeout or abort the cell is reported at most
+:data:`_REPORT_WITHIN_S` later, whatever is still queued (the kernel is discarded anyway).
 """
 
 from __future__ import annotations
@@ -21,13 +25,20 @@ from typing import Any
 from lemon_exec._constants import GRACE_S
 from lemon_exec.host.bridge import BridgeLimits, BridgeStats, HostBridge
 from lemon_exec.host.kernel import ManagedKernel
-from lemon_exec.host.output import CapturedOutput, OutputCapture
+from lemon_exec.host.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, OutputCapture
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import ToolHost
 
 _WATCHDOG_S = 0.1
 #: After the kernel died, how long to wait for messages it sent just before.
 _DEATH_DRAIN_S = 0.05
+#: After a timeout or abort, the result is reported at most this long later. Within it the
+#: interrupted script may still flush partial output and text blocks; the kernel's own
+#: SIGINT -> SIGTERM -> SIGKILL escalation (GRACE_S each) goes on in the background.
+_REPORT_WITHIN_S = 0.5
+#: When a channel lost messages, the execute reply (or IOPub idle) may never come: the cell
+#: counts as finished this long after the other of the two arrived.
+_GAP_SETTLE_S = 0.2
 
 AbortSignal = asyncio.Event | threading.Event
 
@@ -42,6 +53,7 @@ class CellRequest:
     spill_dir: Path
     cwd: Path
     filename: str = "script.py"
+    max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES
     chdir: bool = False  # per-call claims move the kernel to cwd; sessions start there
     env: dict[str, str] | None = None
     aborts: tuple[AbortSignal, ...] = ()
@@ -77,6 +89,8 @@ class _CellSink:
         self.reply: dict[str, Any] | None = None
         self.idle = False
         self.done = asyncio.get_running_loop().create_future()
+        self._gaps: set[str] = set()  # channels that lost messages during this cell
+        self._settle: asyncio.TimerHandle | None = None
 
     def on_iopub(self, msg: dict[str, Any]) -> None:
         msg_type = msg.get("msg_type")
@@ -99,15 +113,39 @@ class _CellSink:
             self.reply = msg.get("content") or {}
             self._check_done()
 
+    def on_dropped(self, channel: str, note: str) -> None:
+        self.capture.add_note(note)
+        self._gaps.add(channel)
+        self._check_done()
+
     def _check_done(self) -> None:
-        if self.reply is not None and self.idle and not self.done.done():
+        if self.done.done():
+            return
+        if self.reply is not None and self.idle:
             self.done.set_result(None)
+        elif self._settle is None and (
+            (self.reply is not None and "IOPub" in self._gaps)
+            or (self.idle and "shell" in self._gaps)
+        ):
+            # The missing half may have been lost with the dropped message: don't wait for
+            # it until the deadline. Output sent after the reply normally lands well within.
+            self._settle = asyncio.get_running_loop().call_later(_GAP_SETTLE_S, self._finish)
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def close(self) -> None:
+        if self._settle is not None:
+            self._settle.cancel()
 
 
 async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolHost) -> CellResult:
     """Run ``request.code`` on ``kernel``. Never raises for script failures; never hangs."""
     started = time.monotonic()
-    capture = OutputCapture(request.max_output_bytes, request.spill_dir)
+    capture = OutputCapture(
+        request.max_output_bytes, request.spill_dir, max_spill_bytes=request.max_spill_bytes
+    )
     bridge = HostBridge(
         tool_host=tool_host,
         enabled_tools=request.helpers,
@@ -141,6 +179,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
             await _interrupt(kernel, sink)
         raise
     finally:
+        sink.close()
         kernel.release(msg_id)
         await bridge.aclose()
         output = capture.finish()
@@ -186,14 +225,17 @@ async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -
 
 
 async def _interrupt(kernel: ManagedKernel, sink: _CellSink) -> None:
-    """SIGINT the process group and give the cell one grace period to flush and finish.
+    """SIGINT the process group and give the cell a short while to flush and finish.
 
     The kernel is discarded afterwards either way (the caller escalates to SIGTERM and
-    SIGKILL); the grace period is what lets partial output and text blocks arrive.
+    SIGKILL); the wait is what lets partial output and text blocks arrive. It is shorter
+    than the spec's GRACE_S so the caller hears of the timeout promptly; :func:`dispose`
+    still gives the kernel the rest of that grace period before SIGTERM, in the background.
     """
+    kernel.interrupted_at = time.monotonic()
     await kernel.signal_group(signal.SIGINT)
     with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(asyncio.shield(sink.done), GRACE_S)
+        await asyncio.wait_for(asyncio.shield(sink.done), min(GRACE_S, _REPORT_WITHIN_S))
 
 
 def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
@@ -212,11 +254,19 @@ def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
 
 
 async def dispose(kernel: ManagedKernel) -> None:
-    """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up."""
+    """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up.
+
+    An interrupted kernel first gets what is left of its SIGINT grace period.
+    """
     if kernel.disposed:
         return
-    await kernel.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + GRACE_S
+    if kernel.interrupted_at is not None:
+        await _wait_exit(kernel, kernel.interrupted_at + GRACE_S)
+    await kernel.signal_group(signal.SIGTERM)  # always: the script's children may be left
+    await _wait_exit(kernel, time.monotonic() + GRACE_S)
+    await kernel.kill()
+
+
+async def _wait_exit(kernel: ManagedKernel, deadline: float) -> None:
     while time.monotonic() < deadline and await kernel.is_alive():
         await asyncio.sleep(0.02)
-    await kernel.kill()

@@ -256,6 +256,7 @@ class Engine:
             helpers=self.config.enabled_helpers,
             limits=self.limits(),
             max_output_bytes=self.config.max_output_bytes,
+            max_spill_bytes=self.config.max_spill_bytes,
             spill_dir=self.staging.spill_dir,
             cwd=cwd,
             filename=filename,

@@ -4,6 +4,11 @@ Started through jupyter_client (AsyncKernelManager + AsyncKernelClient) with the
 and its connection file in the host's private 0700 runtime directory. Two reader tasks route
 IOPub and shell messages to the cell that sent the request (by parent ``msg_id``), so a person
 attached to the same kernel with their own client never leaks into an agent's result.
+
+Host memory does not depend on the kernel's good behaviour: no frame over
+:data:`MAX_MESSAGE_BYTES` is ever buffered (zmq's MAXMSGSIZE closes the connection when one
+announces itself; a watcher reconnects the channel at once and tells the running cells), and a
+multi-frame message whose total is over the limit is dropped before it is decoded.
 """
 
 from __future__ import annotations
@@ -28,11 +33,21 @@ from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
+from lemon_exec.host.output import format_size
 from lemon_exec.kernel import protocol
 
 log = logging.getLogger(__name__)
 
 _LIVENESS_POLL_S = 0.1
+
+#: Largest message (any one frame, and all frames together) the host accepts from a kernel.
+#: Legitimate traffic stays far below: stream output comes in 64 KiB chunks, bridge frames
+#: are at most 256 KiB.
+MAX_MESSAGE_BYTES = 32 * 2**20
+
+#: After a channel's connection drops, how long to wait before asking whether the kernel is
+#: still alive (a dying kernel's sockets close a moment before its process is reaped).
+_DISCONNECT_SETTLE_S = 0.05
 
 
 class MessageSink(Protocol):
@@ -41,6 +56,10 @@ class MessageSink(Protocol):
     def on_iopub(self, msg: dict[str, Any]) -> None: ...
 
     def on_reply(self, msg: dict[str, Any]) -> None: ...
+
+    def on_dropped(self, channel: str, note: str) -> None:
+        """A message on ``channel`` was refused (too large), perhaps with others around it."""
+        ...
 
 
 class ManagedKernel:
@@ -63,11 +82,14 @@ class ManagedKernel:
         self._log_path = log_path
         self._sinks: dict[str, MessageSink] = {}
         self._readers: list[asyncio.Task[None]] = []
+        self._monitors: list[zmq.asyncio.Socket] = []
         self._welcome = asyncio.get_running_loop().create_future()
         self._kernel_info: asyncio.Future[dict[str, Any]] = (
             asyncio.get_running_loop().create_future()
         )
         self._disposed = False
+        #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
+        self.interrupted_at: float | None = None
         self.status = KernelStatus(kernel_id, "per_call", "starting", km.connection_file)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -178,6 +200,7 @@ class ManagedKernel:
         for task in self._readers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        self._close_monitors()
         self._kc.stop_channels()
         await _kill_manager(self._km)
         _unlink(self._log_path)
@@ -196,6 +219,7 @@ class ManagedKernel:
                 os.kill(pid, signal.SIGKILL)
         for path in (Path(self.connection_file), self._log_path):
             _unlink(path)
+        self._close_monitors()
 
     @property
     def disposed(self) -> bool:
@@ -260,30 +284,84 @@ class ManagedKernel:
         self._kc.control_channel.send(self._kc.session.msg(protocol.REPLY_MSG_TYPE, content))
 
     def _start_readers(self) -> None:
-        self._readers = [
-            asyncio.create_task(self._read(self._kc.iopub_channel, self._route_iopub)),
-            asyncio.create_task(self._read(self._kc.shell_channel, self._route_reply)),
-            asyncio.create_task(self._read(self._kc.control_channel, _ignore)),
-        ]
+        channels = (
+            ("IOPub", self._kc.iopub_channel, self._route_iopub),
+            ("shell", self._kc.shell_channel, self._route_reply),
+            ("control", self._kc.control_channel, _ignore),
+        )
+        for name, channel, route in channels:
+            self._readers.append(asyncio.create_task(self._read(name, channel.socket, route)))
+            monitor = channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitors.append(monitor)
+            self._readers.append(asyncio.create_task(self._watch(name, channel.socket, monitor)))
 
-    async def _read(self, channel: Any, route: Callable[[dict[str, Any]], None]) -> None:
+    async def _read(
+        self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
+    ) -> None:
         # Reads the channel's socket directly and decodes with protocol.unpack_signed: every
         # stream chunk and bridge frame passes here, and Session.deserialize's date parsing
         # was a measurable part of a helper's round trip.
-        socket, session = channel.socket, self._kc.session
+        session = self._kc.session
         while True:
-            try:
-                msg = protocol.unpack_signed(session, await socket.recv_multipart())
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # a malformed or badly signed message: drop it, keep reading
-                log.debug("dropped an undecodable kernel message", exc_info=True)
-                await asyncio.sleep(0)
+            # copy=False: the size is checked before any byte is copied or decoded.
+            frames = await socket.recv_multipart(copy=False)
+            size = sum(len(frame) for frame in frames)
+            if size > MAX_MESSAGE_BYTES:
+                del frames
+                self._dropped(name, _drop_note(size))
+            else:
+                try:
+                    msg = protocol.unpack_signed(session, frames)
+                except Exception:  # a malformed or badly signed message: drop it, keep reading
+                    log.debug("dropped an undecodable kernel message", exc_info=True)
+                else:
+                    try:
+                        route(msg)
+                    except Exception:
+                        log.exception("error routing a kernel message")
+            # A message that is already waiting completes recv at once, without returning to
+            # the event loop: yield, or a flood of output starves the cells' deadline watchdog.
+            await asyncio.sleep(0)
+
+    async def _watch(
+        self, name: str, socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """Reconnect ``socket`` whenever its connection drops, and report why.
+
+        On ipc a live kernel never closes its end, so a drop means zmq refused a frame over
+        MAXMSGSIZE (a protocol error, after which zmq does not reconnect by itself).
+        Messages the kernel sent until the new connection was up are lost, hence the note.
+        """
+        while True:
+            event = await monitor.recv_multipart()
+            endpoint = event[1].decode() if len(event) > 1 else ""
+            if self._disposed or not endpoint:
                 continue
+            with contextlib.suppress(zmq.ZMQError):
+                socket.disconnect(endpoint)
+            with contextlib.suppress(zmq.ZMQError):
+                socket.connect(endpoint)
+            await asyncio.sleep(_DISCONNECT_SETTLE_S)
+            if await self.is_alive():
+                log.warning("kernel %s: %s connection dropped; reconnected", self.kernel_id, name)
+                self._dropped(name, _drop_note(None, lost_around=True))
+
+    def _dropped(self, channel: str, note: str) -> None:
+        for sink in list(self._sinks.values()):
             try:
-                route(msg)
+                sink.on_dropped(channel, note)
             except Exception:
-                log.exception("error routing a kernel message")
+                log.exception("error reporting a dropped kernel message")
+
+    def _close_monitors(self) -> None:
+        for channel in (self._kc.iopub_channel, self._kc.shell_channel, self._kc.control_channel):
+            socket = getattr(channel, "socket", None)
+            if socket is not None and not socket.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    socket.disable_monitor()
+        for monitor in self._monitors:
+            monitor.close(linger=0)
+        self._monitors.clear()
 
     def _route_iopub(self, msg: dict[str, Any]) -> None:
         msg_type = msg.get("msg_type")
@@ -314,12 +392,27 @@ def shared_context() -> zmq.asyncio.Context:
     jupyter_client would otherwise create two per kernel. Receive queues are bounded: the
     kernel's IOPub blocks instead of dropping (XPUB_NODROP), so a flood of output waits in
     the kernel rather than piling up in this process (at most 64 messages of <= 64 KiB).
+    No frame over MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel
+    sends.
     """
     global _CONTEXT
     if _CONTEXT is None or _CONTEXT.closed:
         _CONTEXT = zmq.asyncio.Context()
         _CONTEXT.setsockopt(zmq.RCVHWM, 64)
+        _CONTEXT.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     return _CONTEXT
+
+
+def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
+    """The line a cell's output gets when the host refused a message from the kernel."""
+    what = f"a {format_size(size)} message" if size is not None else "a message"
+    note = (
+        f"[{what} from the kernel was dropped: over the "
+        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit"
+    )
+    if lost_around:
+        note += "; output sent while the host reconnected (a few ms) may be missing too"
+    return note + "]"
 
 
 def _ignore(_msg: dict[str, Any]) -> None:

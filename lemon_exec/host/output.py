@@ -3,7 +3,9 @@
 Output reaches the model as plain text, so terminal control sequences are stripped first
 (:func:`sanitize`). :class:`OutputCapture` then keeps at most ``max_bytes`` of it in memory
 (the first 40% and a rolling last 60%, counted in UTF-8 bytes) however much is written, and
-once the cap is exceeded streams the whole sanitized output to a private spill file.
+once the cap is exceeded streams the sanitized output to a private spill file, itself capped
+at ``max_spill_bytes`` (past that, output is only counted). Notes about output the host
+refused (e.g. an oversized message) are appended after the kept text.
 
 Carriage returns: ``\\r\\n`` becomes ``\\n``, and so does a lone ``\\r``. Progress bars that
 redraw a line with ``\\r`` therefore show each redraw on its own line; the alternative
@@ -13,6 +15,7 @@ redraw a line with ``\\r`` therefore show each redraw on its own line; the alter
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -24,14 +27,19 @@ from typing import BinaryIO
 from lemon_exec._constants import SPILL_PREFIX
 
 __all__ = [
+    "DEFAULT_MAX_SPILL_BYTES",
     "CapturedOutput",
     "OutputCapture",
     "decode_bytes",
+    "format_size",
     "format_truncated_output",
     "sanitize",
 ]
 
 logger = logging.getLogger(__name__)
+
+#: Default cap of one run's spill file (setting ``max_spill_bytes``).
+DEFAULT_MAX_SPILL_BYTES = 64 * 2**20
 
 # Stray control characters, and whole escape sequences where the control is ESC. The pattern
 # starts with one character class so the regex engine can scan plain text quickly (about 3x
@@ -55,6 +63,18 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Longest unfinished sequence held back between chunks. Past it the sequence is treated as
 # finished (and dropped) so a stray "ESC ]" cannot make the capture hold output forever.
 _MAX_CARRY = 4096
+
+
+def format_size(n: int) -> str:
+    """``n`` bytes for people: "512 bytes", "64.0 KiB", "1.0 GiB"."""
+    if n < 1024:
+        return f"{n} bytes"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 def decode_bytes(data: bytes) -> str:
@@ -109,13 +129,19 @@ class _StreamSanitizer:
 
 @dataclass(frozen=True)
 class CapturedOutput:
-    """What a capture kept: ``text`` is at most ``max_bytes`` plus the truncation marker."""
+    """What a capture kept.
+
+    ``text`` is at most ``max_bytes`` plus the truncation marker, then one line per note.
+    """
 
     text: str
     truncated: bool
     total_bytes: int  # every sanitized byte written, kept or not
     omitted_bytes: int  # bytes cut from the middle; 0 unless truncated
-    spill_path: Path | None  # file holding the whole sanitized output, when truncated
+    spill_path: Path | None  # file holding the sanitized output, when truncated
+    spill_bytes: int = 0  # bytes in the spill file
+    spill_capped: bool = False  # the spill file stopped at max_spill_bytes
+    notes: tuple[str, ...] = ()  # also the last lines of ``text``
 
 
 def format_truncated_output(captured: CapturedOutput) -> str:
@@ -123,7 +149,15 @@ def format_truncated_output(captured: CapturedOutput) -> str:
     if captured.spill_path is None:
         return captured.text
     separator = "" if captured.text.endswith("\n") or not captured.text else "\n"
-    return f"{captured.text}{separator}[Full output saved to: {captured.spill_path}]"
+    if captured.spill_capped:
+        line = (
+            f"[Output saved to: {captured.spill_path} (only the first "
+            f"{format_size(captured.spill_bytes)} of {format_size(captured.total_bytes)}: "
+            "the spill file is capped by max_spill_bytes)]"
+        )
+    else:
+        line = f"[Full output saved to: {captured.spill_path}]"
+    return f"{captured.text}{separator}{line}"
 
 
 class OutputCapture:
@@ -131,14 +165,27 @@ class OutputCapture:
 
     While the sanitized output fits in ``max_bytes`` it is kept whole. From the first byte
     over, only the first 40% and the last 60% are kept (never splitting a UTF-8 character),
-    and everything is streamed to a spill file created then, mode 0600, in ``spill_dir``.
-    If that file cannot be created or written, capture goes on without it.
+    and everything is streamed to a spill file created then, mode 0600, in ``spill_dir``,
+    until it holds ``max_spill_bytes`` (disk use is bounded too; later output is counted in
+    ``total_bytes`` but not stored). If that file cannot be created or written, capture goes
+    on without it.
     """
 
-    def __init__(self, max_bytes: int, spill_dir: Path, *, prefix: str = SPILL_PREFIX) -> None:
+    def __init__(
+        self,
+        max_bytes: int,
+        spill_dir: Path,
+        *,
+        max_spill_bytes: int = DEFAULT_MAX_SPILL_BYTES,
+        prefix: str = SPILL_PREFIX,
+    ) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be at least 1, not {max_bytes}")
         self._max = max_bytes
+        self._spill_cap = max(max_bytes, max_spill_bytes)  # the spill holds at least the kept
+        self._spilled = 0
+        self._spill_capped = False
+        self._notes: list[str] = []
         self._head_cap = max_bytes * 2 // 5
         self._tail_cap = max_bytes - self._head_cap
         self._spill_dir = Path(spill_dir)
@@ -157,6 +204,11 @@ class OutputCapture:
         if self._result is not None:
             raise RuntimeError("OutputCapture.write() called after finish()")
         self._take(self._sanitizer.feed(text))
+
+    def add_note(self, note: str) -> None:
+        """Add a line for the reader about output the host refused; shown after the text."""
+        if self._result is None:
+            self._notes.append(note)
 
     def finish(self) -> CapturedOutput:
         """Flush, close the spill file and return what was kept. Safe to call twice."""
@@ -221,6 +273,16 @@ class OutputCapture:
             del self._tail[: -self._tail_cap]
 
     def _build(self) -> CapturedOutput:
+        captured = self._build_text()
+        if not self._notes:
+            return captured
+        text = captured.text
+        if text and not text.endswith("\n"):
+            text += "\n"
+        text += "\n".join(self._notes)
+        return dataclasses.replace(captured, text=text, notes=tuple(self._notes))
+
+    def _build_text(self) -> CapturedOutput:
         if not self._truncated:
             return CapturedOutput(self._kept.decode("utf-8"), False, self._total, 0, None)
         tail = self._tail[-self._tail_cap :]
@@ -234,7 +296,15 @@ class OutputCapture:
             + f"\n... [{omitted} bytes truncated] ...\n"
             + tail.decode("utf-8")
         )
-        return CapturedOutput(text, True, self._total, omitted, self._spill_path)
+        return CapturedOutput(
+            text,
+            True,
+            self._total,
+            omitted,
+            self._spill_path,
+            spill_bytes=self._spilled if self._spill_path is not None else 0,
+            spill_capped=self._spill_capped and self._spill_path is not None,
+        )
 
     def _open_spill(self) -> None:
         flags = (
@@ -259,12 +329,20 @@ class OutputCapture:
         logger.warning("execute_code: cannot create output spill file in %s", self._spill_dir)
 
     def _spill_write(self, data: bytes | bytearray) -> None:
-        if self._spill is None:
+        if self._spill is None or self._spill_capped:
             return
+        room = self._spill_cap - self._spilled
+        if len(data) > room:
+            while room > 0 and data[room] & 0xC0 == 0x80:  # never split a character
+                room -= 1
+            data = data[:room]
+            self._spill_capped = True
         try:
             self._spill.write(data)
         except OSError as exc:
             self._drop_spill(exc)
+            return
+        self._spilled += len(data)
 
     def _drop_spill(self, exc: OSError) -> None:
         """A spill file missing part of the output would mislead; remove it instead."""
