@@ -817,7 +817,7 @@ def test_notify_delivers_exactly_64_in_order(ec: ExecuteCode, scope: SessionScop
     updates: list[str] = []
     script = "for i in range(100):\n    notify(f'm{i}')\nprint('done')\n"
     result = run(ec, scope, script, on_update=updates.append)
-    assert updates == [f"m{i}" for i in range(64)]
+    assert updates == [f"notify: m{i}" for i in range(64)]
     assert result.details["notifications"] == 64
     assert result.content == "done\n"  # notify() is not part of the result
 
@@ -827,7 +827,8 @@ def test_notify_caps_each_message_on_a_utf8_boundary(ec: ExecuteCode, scope: Ses
     script = "notify('\\u20ac' * 2000)\nnotify('a' * 5000)\nnotify(12)\nnotify('\\ud800x')\n"
     run(ec, scope, script, on_update=updates.append)
     assert len(updates) == 4
-    euro, ascii_, number, surrogate = updates
+    assert all(u.startswith("notify: ") for u in updates)
+    euro, ascii_, number, surrogate = (u.removeprefix("notify: ") for u in updates)
     assert len(euro.encode()) == 4095 and euro == "\u20ac" * 1365  # no split character
     assert ascii_ == "a" * protocol.NOTIFY_MAX_BYTES
     assert number == "12"
@@ -841,7 +842,7 @@ def test_notify_just_before_the_end_is_delivered(
     updates: list[str] = []
     with configured(ec, kernel_mode=mode):
         result = run(ec, scope, "print('x')\nnotify('last words')\n", on_update=updates.append)
-    assert updates == ["last words"]
+    assert updates == ["notify: last words"]
     assert result.details["notifications"] == 1
 
 
@@ -860,7 +861,7 @@ notify('two')
     )
     result = run(ec, scope, script, on_update=updates.append)
     assert result.details["exit_code"] == 0, result.content
-    assert updates == ["one", "two"]
+    assert updates == ["notify: one", "notify: two"]
     assert result.details["notifications"] == 2
     assert result.details["rpc_denied"] == 0
 

@@ -431,7 +431,7 @@ def test_abort_during_a_run(tool: ExecuteCode, wait_gone: Callable[..., bool]) -
     timers: list[threading.Timer] = []
 
     def on_update(message: str) -> None:
-        if message == "running":  # the script is under way: abort it shortly
+        if message == "notify: running":  # the script is under way: abort it shortly
             timer = threading.Timer(0.2, abort.set)
             timers.append(timer)
             timer.start()

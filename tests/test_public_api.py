@@ -224,7 +224,7 @@ def test_async_context_manager_runs_and_cleans_up() -> None:
         "Diagnostics (stdout/stderr, not the result):\nprinted\n"
     )
     assert first.ok and first.trust == "trusted"
-    assert updates == ["working"]
+    assert updates == ["notify: working"]
     assert second.content.startswith("Script cancelled.")
     assert second.details["cancelled"] is True
     assert not root.exists(), "leaving `async with` must remove the staging root"

@@ -157,9 +157,9 @@ async def _run(
 
 
 def _notify(message: str) -> None:
-    """Show a notify() message live, one line each."""
+    """Show a notify() partial update live, one line each (it already reads ``notify: ...``)."""
     with contextlib.suppress(OSError):
-        sys.stderr.write(f"notify: {message}\n")
+        sys.stderr.write(f"{message}\n")
         sys.stderr.flush()
 
 

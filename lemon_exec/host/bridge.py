@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import json
 import logging
 import secrets
 import time
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 AUTH_FAILED = "rpc authentication failed"
 REPLAYED = "rpc request already processed"
 TOO_LARGE = f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)"
+OUT_OF_ORDER = "rpc request malformed: text blocks must be numbered in order"
 
 
 def new_token() -> str:
@@ -64,6 +66,16 @@ class BridgeStats:
         return out
 
 
+@dataclass
+class _PartialBlock:
+    """A text block sent in several frames, collected until its last frame arrives."""
+
+    n: int
+    pieces: list[str] = field(default_factory=list)
+    encoded: int = 0  # sum of the pieces' json.dumps lengths, quotes excluded
+    error: str | None = None  # set once the block cannot fit: later frames are consumed
+
+
 @dataclass(frozen=True)
 class BridgeLimits:
     max_calls: int
@@ -96,6 +108,8 @@ class HostBridge:
         self._send_reply = send_reply
         self._on_notify = on_notify
         self._seen_ids: set[int] = set()
+        self._text_next = 1  # the number the next text block must carry
+        self._partial: _PartialBlock | None = None  # a block still receiving frames
         self._slots = asyncio.Semaphore(limits.max_parallel)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -217,39 +231,67 @@ class HostBridge:
             self.stats.denied += 1
             self._reply({"n": n, "ok": False, "error": AUTH_FAILED})
             return
-        text = data.get("text")
-        if not _is_positive_int(n) or not isinstance(text, str):
+        text, more = data.get("text"), data.get("more", False)
+        if not _is_positive_int(n) or not isinstance(text, str) or not isinstance(more, bool):
             return  # malformed: consumed, not counted
-        if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
+        text = protocol.normalize_text(text)
+        # Normalising never changes the encoded length (\udXXX and \ufffd are both 6 bytes).
+        encoded_len = len(json.dumps(text))
+        if protocol.frame_size_with_text(data, encoded_len) > protocol.FRAME_CAP_BYTES:
             self._reply({"n": n, "ok": False, "error": TOO_LARGE})
             return
-        if n != len(self.text_blocks) + 1:
-            self._reply(
-                {
-                    "n": n,
-                    "ok": False,
-                    "error": REPLAYED
-                    if n <= len(self.text_blocks)
-                    else "rpc request malformed: text blocks must be numbered in order",
-                }
-            )
+        partial = self._partial
+        if n != self._text_next:
+            if partial is not None and n == partial.n + 1:
+                # The kernel moved on from a block it could not finish (interrupted while
+                # sending): abandon that block, uncharged, so it cannot poison this one.
+                self._end_block(partial.n, "text() block abandoned before its last frame")
+                partial = None
+            else:
+                error = REPLAYED if n < self._text_next else OUT_OF_ORDER
+                self._reply({"n": n, "ok": False, "error": error})
+                return
+        if partial is None and not more:  # the common case: a block in one frame
+            self._accept_block(n, text, protocol.text_cost(n, encoded_len))
             return
-        text = protocol.normalize_text(text)
-        cost = protocol.text_frame_bytes(n, text)
-        if self.stats.text_bytes + cost > self._limits.max_text_bytes:
-            self._reply(
-                {
-                    "n": n,
-                    "ok": False,
-                    "error": (
-                        f"text() budget exceeded (max_text_bytes {self._limits.max_text_bytes})"
-                    ),
-                }
-            )
+        if partial is None:
+            partial = self._partial = _PartialBlock(n)
+        if partial.error is None:
+            partial.pieces.append(text)
+            partial.encoded += encoded_len - 2  # without the piece's quotes
+            if protocol.text_cost(n, partial.encoded + 2) > self._text_remaining():
+                partial.error = self._text_budget_error()
+                partial.pieces.clear()  # keep consuming the block's frames, not its text
+        if more:
             return
+        self._partial = None
+        if partial.error is not None:
+            self._end_block(n, partial.error)
+            return
+        self._accept_block(n, "".join(partial.pieces), protocol.text_cost(n, partial.encoded + 2))
+
+    def _accept_block(self, n: int, text: str, cost: int) -> None:
+        """Charge and keep block ``n`` (or refuse it over budget); either way it is used up."""
+        if cost > self._text_remaining():
+            self._end_block(n, self._text_budget_error())
+            return
+        self._text_next = n + 1
         self.stats.text_bytes += cost
         self.text_blocks.append(text)
         self._reply({"n": n, "ok": True})
+
+    def _end_block(self, n: int, error: str) -> None:
+        """Refuse block ``n``; its number is used up, so later blocks are still accepted."""
+        if self._partial is not None and self._partial.n == n:
+            self._partial = None
+        self._text_next = n + 1
+        self._reply({"n": n, "ok": False, "error": error})
+
+    def _text_remaining(self) -> int:
+        return self._limits.max_text_bytes - self.stats.text_bytes
+
+    def _text_budget_error(self) -> str:
+        return f"text() budget exceeded (max_text_bytes {self._limits.max_text_bytes})"
 
     def _handle_notify(self, data: dict[str, Any]) -> None:
         msg = data.get("msg")
@@ -265,7 +307,9 @@ class HostBridge:
                 protocol.normalize_text(msg), protocol.NOTIFY_MAX_BYTES
             )
             try:
-                self._on_notify(message)
+                # The spec's partial update, built once here so every consumer (the facade's
+                # on_update, MCP progress, the CLI) shows the same string.
+                self._on_notify(protocol.NOTIFY_UPDATE_PREFIX + message)
             except Exception:
                 log.exception("on_update callback failed")
 

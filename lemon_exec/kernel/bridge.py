@@ -9,6 +9,7 @@ running while the main thread is busy in the script (docs/comm-protocol.md §3).
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from typing import Any
@@ -53,6 +54,8 @@ class CellBridge:
         self._topic = f"comm-{comm_id}".encode()
         self._max_text_bytes = max_text_bytes
         self._lock = threading.Lock()
+        # Held while a text block is numbered and sent; never taken inside _lock.
+        self._text_lock = threading.Lock()
         self._next_call_id = 0
         self._text_n = 0
         self._text_bytes = 0
@@ -81,24 +84,50 @@ class CellBridge:
         raise ToolError(str(reply.get("error") or f"{tool} failed"))
 
     def text(self, value: object) -> None:
-        """Emit one text() block; acknowledged by the host before it returns (write-through)."""
+        """Emit one text() block; acknowledged by the host before it returns (write-through).
+
+        The block number is taken and the block's frames are sent under one lock, so blocks
+        from any thread reach the host in the order of their numbers and a large block's
+        continuation frames are never interleaved with another block's.
+        """
         text = protocol.normalize_text(value)
-        with self._lock:
-            self._check_open()
-            n = self._text_n + 1
-            frame = {"type": protocol.TEXT, "n": n, "token": self._token, "text": text}
-            _check_frame_size(frame)  # before charging, so both sides' budgets stay equal
-            cost = protocol.text_frame_bytes(n, text)
-            if self._text_bytes + cost > self._max_text_bytes:
-                raise ToolError(
-                    f"text() budget exceeded: this block needs {cost} bytes but only "
-                    f"{self._max_text_bytes - self._text_bytes} of max_text_bytes "
-                    f"({self._max_text_bytes}) remain; earlier blocks are kept"
-                )
-            self._text_n = n
-            self._text_bytes += cost
-        reply = self._request(("text", n), frame, size_checked=True)
+        encoded_len = len(json.dumps(text))  # once: it gives both the cost and the frame sizes
+        with self._text_lock:
+            with self._lock:
+                self._check_open()
+                n = self._text_n + 1
+                cost = protocol.text_cost(n, encoded_len)
+                if self._text_bytes + cost > self._max_text_bytes:
+                    raise ToolError(
+                        f"text() budget exceeded: this block needs {cost} bytes but only "
+                        f"{self._max_text_bytes - self._text_bytes} of max_text_bytes "
+                        f"({self._max_text_bytes}) remain; earlier blocks are kept"
+                    )
+                self._text_n = n
+                self._text_bytes += cost
+                key = ("text", n)
+                pending = _Pending()
+                self._pending[key] = pending
+            sent = 0
+            try:
+                self._flush_output()
+                for frame in protocol.text_frames(n, self._token, text, encoded_len):
+                    self._send_unchecked(frame)
+                    sent += 1
+            except BaseException:
+                with self._lock:
+                    self._pending.pop(key, None)
+                    # The host never charges a block it did not complete. With nothing sent
+                    # the number is unused and handed back; after a partial send it stays
+                    # taken, and the host abandons the partial block when the next arrives.
+                    self._text_bytes -= cost
+                    if sent == 0:
+                        self._text_n = n - 1
+                raise
+        reply = self._await(key, pending)
         if reply.get("ok") is not True:
+            with self._lock:
+                self._text_bytes -= cost  # refused: the host charged nothing either
             raise ToolError(str(reply.get("error") or "text() was refused by the host"))
 
     def notify(self, message: object) -> None:
@@ -119,6 +148,14 @@ class CellBridge:
             self._pending[key] = pending
         try:
             self._send(frame, size_checked=size_checked)
+        except BaseException:
+            with self._lock:
+                self._pending.pop(key, None)
+            raise
+        return self._await(key, pending)
+
+    def _await(self, key: tuple[str, int], pending: _Pending) -> dict[str, Any]:
+        try:
             # Wait in short slices: the cell may end (close() wakes us) and the main thread
             # must stay interruptible by SIGINT while it waits.
             while not pending.event.wait(0.5):
@@ -134,11 +171,18 @@ class CellBridge:
     def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
         if not size_checked:
             _check_frame_size(frame)
-        # Flush first so prints made before this frame reach the host before it (order kept).
+        self._flush_output()
+        self._send_unchecked(frame)
+
+    @staticmethod
+    def _flush_output() -> None:
+        # Flush first so prints made before a frame reach the host before it (order kept).
         stdout, stderr = sys.stdout, sys.stderr  # during a script, usually one merged stream
         for stream in (stdout, stderr) if stderr is not stdout else (stdout,):
             if stream is not None:
                 stream.flush()
+
+    def _send_unchecked(self, frame: dict[str, Any]) -> None:
         with self._lock:
             self._check_open()
             try:

@@ -115,19 +115,28 @@ def notify(message: object) -> None:
 
 
 def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
-    """Run helper calls in parallel; results in input order, first failure re-raised."""
+    """Run helper calls in parallel; results in input order, first failure re-raised.
+
+    An item that is not a valid call (not a pair, an unknown helper, params not a dict) is
+    that item's failure: the valid items still run, and the error raised is the first
+    failure in input order, whichever kind it is.
+    """
     jobs = list(calls)
-    if not jobs:
-        return []
-    funcs = [_batch_target(i, job) for i, job in enumerate(jobs)]
-    with ThreadPoolExecutor(max_workers=min(BATCH_MAX_THREADS, len(jobs))) as pool:
-        futures = [pool.submit(func) for func in funcs]
-        outcomes: list[tuple[bool, Any]] = []
-        for future in futures:  # wait every call out before raising
-            try:
-                outcomes.append((True, future.result()))
-            except BaseException as exc:  # re-raised below, in input order
-                outcomes.append((False, exc))
+    outcomes: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
+    runnable: list[tuple[int, Callable[[], str]]] = []
+    for index, job in enumerate(jobs):
+        try:
+            runnable.append((index, _batch_target(index, job)))
+        except ToolError as exc:
+            outcomes[index] = (False, exc)
+    if runnable:
+        with ThreadPoolExecutor(max_workers=min(BATCH_MAX_THREADS, len(runnable))) as pool:
+            futures = [(index, pool.submit(func)) for index, func in runnable]
+            for index, future in futures:  # wait every call out before raising
+                try:
+                    outcomes[index] = (True, future.result())
+                except BaseException as exc:  # re-raised below, in input order
+                    outcomes[index] = (False, exc)
     for ok, value in outcomes:
         if not ok:
             raise value
@@ -135,6 +144,7 @@ def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
 
 
 def _batch_target(index: int, job: object) -> Callable[[], str]:
+    """The call item ``index`` makes; raises ToolError (that item's failure) when invalid."""
     if not (isinstance(job, tuple | list) and len(job) == 2):
         raise ToolError(f"batch() item {index} must be a (tool_name, params_dict) pair")
     name, params = job

@@ -483,7 +483,8 @@ def outputs_for(
     notify = list(record.get("notify") or [])
     if notify:
         outputs.append(
-            new_output("stream", name="stdout", text="".join(f"notify: {m}\n" for m in notify))
+            # Each message is already the spec's partial update, "notify: <msg>".
+            new_output("stream", name="stdout", text="".join(f"{m}\n" for m in notify))
         )
     outputs.append(
         new_output(

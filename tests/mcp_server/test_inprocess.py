@@ -147,7 +147,7 @@ async def test_execute_code_text_notify_and_details(tmp_path: Path, mode: str) -
         result = await client.call_tool(
             "execute_code", {"script": script}, progress_callback=progress
         )
-    assert progress.messages == ["one", "two: é", "three"]
+    assert progress.messages == ["notify: one", "notify: two: é", "notify: three"]
     values = [p for p, _, _ in progress.events]
     assert values == sorted(values) and len(set(values)) == 3  # strictly increasing
     assert not result.is_error

@@ -62,7 +62,7 @@ async def test_stdio_tools_progress_and_shell(tmp_path: Path) -> None:
     assert tools["execute_code"].input_schema == expected["input_schema"]
     assert tools["execute_code"].description == expected["description"]
 
-    assert messages == [f"step {i}" for i in range(5)]
+    assert messages == [f"notify: step {i}" for i in range(5)]
     assert _text(code) == "Script result (text()):\ndone"
     assert code.structured_content is not None
     assert code.structured_content["trust"] == "trusted"
