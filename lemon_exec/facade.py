@@ -98,7 +98,8 @@ class ExecuteCode:
         ``scope`` identifies the session in session mode (without it the call runs isolated
         with ``fallback_reason: missing_session_scope``); ``on_update`` receives each notify()
         message in order, as the partial update ``notify: <msg>``; ``abort`` (an
-        ``asyncio.Event`` or ``threading.Event``) stops the script when set. Cancelling the awaiting task counts as the caller's death.
+        ``asyncio.Event`` or ``threading.Event``) stops the script when set. Cancelling the
+        awaiting task counts as the caller's death.
         """
         entered = time.monotonic()
         result = await self._run(
