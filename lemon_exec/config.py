@@ -35,6 +35,8 @@ else:  # pragma: no cover - exercised only on 3.10
 __all__ = [
     "ENV_PREFIX",
     "HELPER_ALLOWLIST",
+    "MAX_WARM_KERNELS",
+    "MIN_TIMEOUT_MS",
     "SETTING_KEYS",
     "TOML_TABLE",
     "ExecuteCodeConfig",
@@ -82,8 +84,16 @@ SETTING_KEYS: tuple[str, ...] = (
     "max_queued_cells_per_kernel",
     "warm_kernels",
     "fork_server",
+    "max_concurrent_per_call",
+    "max_queued_per_call",
     "max_spill_bytes",
 )
+
+#: The shortest wall-clock limit a run gets, whatever a call or the config asks for.
+MIN_TIMEOUT_MS = 1000
+
+#: Most warm spares a host keeps (each is a running interpreter); larger values are clamped.
+MAX_WARM_KERNELS = 8
 
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
@@ -181,7 +191,7 @@ class ExecuteCodeConfig(Configurable):
     warm_kernels = Integer(
         1,
         help="Per-call kernels started ahead of time so a call need not wait for startup; "
-        "0 disables warm spares.",
+        "0 disables warm spares; at most 8 (larger values are clamped).",
     ).tag(config=True)
 
     fork_server = Bool(
@@ -191,6 +201,18 @@ class ExecuteCodeConfig(Configurable):
         "a new process launched by jupyter_client.",
     ).tag(config=True)
 
+    max_concurrent_per_call = Integer(
+        0,
+        help="Most per-call runs (kernels) at once; further calls wait in a bounded queue. "
+        "0 means automatic: max(2, min(4 x CPU cores, 8 x available memory in GiB)).",
+    ).tag(config=True)
+
+    max_queued_per_call = Integer(
+        64,
+        help="Most per-call runs waiting for a free slot; further calls get a busy result at "
+        "once. The wait counts against the call's timeout. 0: no queue.",
+    ).tag(config=True)
+
     # --- validation: runs for programmatic assignment as well as for load() ---------------
 
     @validate(*_POSITIVE_INT_KEYS)
@@ -198,6 +220,10 @@ class ExecuteCodeConfig(Configurable):
         return max(1, int(proposal["value"]))
 
     @validate("warm_kernels")
+    def _clamp_warm(self, proposal: Any) -> int:
+        return min(max(0, int(proposal["value"])), MAX_WARM_KERNELS)
+
+    @validate("max_concurrent_per_call", "max_queued_per_call")
     def _clamp_non_negative(self, proposal: Any) -> int:
         return max(0, int(proposal["value"]))
 
@@ -218,6 +244,15 @@ class ExecuteCodeConfig(Configurable):
         return "session" if self.kernel_mode == "session" else "per_call"
 
     @property
+    def run_timeout_ms(self) -> int:
+        """The wall-clock limit in force: ``timeout_ms``, but never below ``MIN_TIMEOUT_MS``.
+
+        ``timeout_ms = 0`` (clamped to 1 like every limit) would otherwise time every call out
+        in a millisecond; the floor is the same one a call's own ``timeout_ms`` gets.
+        """
+        return max(self.timeout_ms, MIN_TIMEOUT_MS)
+
+    @property
     def enabled_helpers(self) -> tuple[str, ...]:
         """The helpers scripts may call, in allowlist order.
 
@@ -231,7 +266,7 @@ class ExecuteCodeConfig(Configurable):
         return tuple(name for name in HELPER_ALLOWLIST if name in wanted)
 
     def to_dict(self) -> dict[str, Any]:
-        """Every setting as a plain dict (the spec's 13 keys plus ``warm_kernels``)."""
+        """Every setting as a plain dict (the spec's 13 keys plus lemon_exec's extras)."""
         values = {key: getattr(self, key) for key in SETTING_KEYS}
         values["tools"] = list(values["tools"])
         return values

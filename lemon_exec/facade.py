@@ -7,14 +7,16 @@ engine on a private event-loop thread. One facade lives on one event loop.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.config import MIN_TIMEOUT_MS, ExecuteCodeConfig
 from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.engine import Call, Engine
@@ -35,8 +37,11 @@ DISABLED = (
 MISSING_SCRIPT = "execute_code: `script` is required and must be a non-empty string."
 BAD_RESET = "execute_code: `reset` must be a boolean (true or false)."
 BAD_TIMEOUT = "execute_code: `timeout_ms` must be an integer number of milliseconds."
+NAN_TIMEOUT = "execute_code: `timeout_ms` is NaN; pass a number of milliseconds (or omit it)."
 ALREADY_ABORTED = "execute_code: the call was aborted before it started; nothing ran."
-MIN_TIMEOUT_MS = 1000
+BAD_CWD = "execute_code: the working directory {path} {problem}; nothing ran. {fix}"
+_CWD_FIX = "Pass an existing directory as the scope's cwd."
+_BOM = "\ufeff"
 
 
 class ExecuteCode:
@@ -130,6 +135,9 @@ class ExecuteCode:
         }
         if not config.enabled:
             return refusal(DISABLED, details)
+        if isinstance(script, str):
+            # Editors and some encoders prepend a UTF-8 byte order mark; it is not code.
+            script = script.removeprefix(_BOM)
         if not isinstance(script, str) or not script.strip():
             return refusal(MISSING_SCRIPT, details)
         if not isinstance(reset, bool):
@@ -141,16 +149,22 @@ class ExecuteCode:
             isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int | float)
         ):
             return refusal(BAD_TIMEOUT, details)
+        if isinstance(timeout_ms, float) and math.isnan(timeout_ms):
+            return refusal(NAN_TIMEOUT, details)
         if abort is not None and abort.is_set():
             return refusal(ALREADY_ABORTED, details)
-        effective_ms = _clamp_timeout(timeout_ms, config.timeout_ms)
-        cwd = Path(scope.cwd) if scope is not None and scope.cwd is not None else Path.cwd()
+        effective_ms = _clamp_timeout(timeout_ms, config.run_timeout_ms)
+        cwd_or_problem = _working_dir(scope)
+        if isinstance(cwd_or_problem, str):
+            return refusal(cwd_or_problem, details)
+        cwd = cwd_or_problem
         try:
             interpreter = config.resolve_python(cwd)
         except ConfigError as exc:
             return refusal(str(exc), details)
         try:
             engine = self._ensure_engine()
+            engine.ensure_staging()  # a script may have deleted it: made again, or refused
         except RefusedError as exc:  # the private staging root could not be made
             return refusal(str(exc), details)
         call = Call(
@@ -323,9 +337,38 @@ class ExecuteCode:
 
 
 def _clamp_timeout(requested: Any, ceiling: int) -> int:
-    if requested is None:
+    """A call's ``timeout_ms`` clamped to ``[MIN_TIMEOUT_MS, ceiling]`` (±inf included)."""
+    if requested is None or requested >= ceiling:  # +inf lands here
         return ceiling
-    return int(min(max(int(requested), MIN_TIMEOUT_MS), ceiling))
+    if requested <= MIN_TIMEOUT_MS:  # -inf lands here
+        return MIN_TIMEOUT_MS
+    return int(requested)
+
+
+def _working_dir(scope: SessionScope | None) -> Path | str:
+    """The absolute directory the script runs in, or the refusal text saying what is wrong.
+
+    Checked before anything starts: a missing cwd used to cost the call its whole timeout.
+    """
+    try:
+        raw = scope.cwd if scope is not None and scope.cwd is not None else os.getcwd()
+    except FileNotFoundError:
+        return BAD_CWD.format(path="of the host process", problem="no longer exists", fix=_CWD_FIX)
+    try:
+        path = Path(os.path.abspath(os.fspath(raw)))
+        st = os.stat(path)
+    except (TypeError, ValueError):  # not a path at all, or a NUL byte in it
+        return BAD_CWD.format(path=repr(raw), problem="is not a usable path", fix=_CWD_FIX)
+    except FileNotFoundError:
+        return BAD_CWD.format(path=path, problem="does not exist", fix=_CWD_FIX)
+    except OSError as exc:
+        problem = f"cannot be used ({exc.strerror or exc})"
+        return BAD_CWD.format(path=path, problem=problem, fix=_CWD_FIX)
+    if not stat.S_ISDIR(st.st_mode):
+        return BAD_CWD.format(path=path, problem="is not a directory", fix=_CWD_FIX)
+    if not os.access(path, os.X_OK):
+        return BAD_CWD.format(path=path, problem="cannot be entered (no permission)", fix=_CWD_FIX)
+    return path
 
 
 def _outcome(details: dict[str, Any]) -> str:

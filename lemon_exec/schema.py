@@ -33,7 +33,7 @@ def describe(config: ExecuteCodeConfig) -> str:
         "- ToolError: raised by a helper on denial, failure or a budget limit (catchable).",
         "",
         "Limits per run: "
-        f"{config.timeout_ms} ms wall time (timeout_ms may lower it), "
+        f"{config.run_timeout_ms} ms wall time (timeout_ms may lower it), "
         f"{config.max_rpc_calls} helper calls, "
         f"{config.max_rpc_result_bytes} bytes of helper results, "
         f"{config.max_text_bytes} bytes of text() blocks, "
@@ -60,8 +60,8 @@ def input_schema(config: ExecuteCodeConfig) -> dict[str, Any]:
             "timeout_ms": {
                 "type": "integer",
                 "minimum": 1000,
-                "maximum": config.timeout_ms,
-                "description": f"Wall-time limit in ms (1000..{config.timeout_ms}).",
+                "maximum": config.run_timeout_ms,
+                "description": f"Wall-time limit in ms (1000..{config.run_timeout_ms}).",
             },
             "reset": {
                 "type": "boolean",

@@ -36,6 +36,8 @@ DEFAULTS = {
     "max_queued_cells_per_kernel": 8,
     "warm_kernels": 1,
     "fork_server": True,
+    "max_concurrent_per_call": 0,
+    "max_queued_per_call": 64,
     "max_spill_bytes": 64 * 2**20,
 }
 
@@ -76,7 +78,9 @@ def test_every_setting_is_a_documented_config_trait() -> None:
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
-    assert len(keys) == 16  # the spec's 13, warm_kernels, fork_server, max_spill_bytes
+    # the spec's 13, warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
+    # max_spill_bytes
+    assert len(keys) == 18
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -165,6 +169,8 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_QUEUED_CELLS_PER_KERNEL": "19",
         "LEMON_EXECUTE_CODE_WARM_KERNELS": "2",
         "LEMON_EXECUTE_CODE_FORK_SERVER": "off",
+        "LEMON_EXECUTE_CODE_MAX_CONCURRENT_PER_CALL": "20",
+        "LEMON_EXECUTE_CODE_MAX_QUEUED_PER_CALL": "21",
         "LEMON_EXECUTE_CODE_MAX_SPILL_BYTES": "22",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
@@ -183,6 +189,8 @@ def test_every_env_variable_is_read() -> None:
         "max_queued_cells_per_kernel": 19,
         "warm_kernels": 2,
         "fork_server": False,
+        "max_concurrent_per_call": 20,
+        "max_queued_per_call": 21,
         "max_spill_bytes": 22,
     }
 
@@ -238,7 +246,9 @@ def test_every_limit_is_clamped() -> None:
     limits = [key for key, default in DEFAULTS.items() if type(default) is int]
     config = ExecuteCodeConfig(**dict.fromkeys(limits, -1))
     for key in limits:
-        expected = 0 if key == "warm_kernels" else 1  # warm_kernels = 0 means "off"
+        # warm_kernels = 0 means "off"; 0 per-call slots "automatic", 0 queued "no queue"
+        zero_ok = ("warm_kernels", "max_concurrent_per_call", "max_queued_per_call")
+        expected = 0 if key in zero_ok else 1
         assert getattr(config, key) == expected, key
 
 

@@ -566,11 +566,11 @@ def test_workspace_creation_failure_is_refused(own_tool: Callable[..., ExecuteCo
     facade = own_tool()
     assert facade.run_sync("print('warm-up')").ok
     work_dir = facade._engine.staging.work_dir  # type: ignore[union-attr]
-    work_dir.rmdir()  # the next workspace cannot be created under it
+    work_dir.chmod(0o500)  # no longer private as required: fails closed (a missing one is remade)
     try:
         result = facade.run_sync("print('must not run')")
     finally:
-        work_dir.mkdir(mode=0o700)
+        work_dir.chmod(0o700)
     assert result.content.startswith("execute_code: could not create a private workspace: ")
     assert result.details["error"] is True
     assert result.details["exit_code"] is None

@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.config import ExecuteCodeConfig
-from lemon_exec.errors import KernelStartError, LemonExecError, RefusedError
+from lemon_exec.errors import InterpreterError, KernelStartError, LemonExecError, RefusedError
 from lemon_exec.host import cell as cells
 from lemon_exec.host import hygiene
+from lemon_exec.host.admission import Admission, Denied, Slot, default_limit
 from lemon_exec.host.bridge import BridgeLimits
 from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.forkserver import ForkServer
@@ -73,6 +75,11 @@ class Engine:
         self.staging = StagingRoot.create(staging_base)
         self._pypath = kernel_pythonpath(self.staging.path / "pypath")
         self.pool = KernelPool(self._start_cold, config.warm_kernels, start_spare=self._start_spare)
+        self.admission = Admission(
+            config.max_concurrent_per_call or default_limit(), config.max_queued_per_call
+        )
+        #: A kernel not ready within this many seconds failed to start (tests lower it).
+        self.start_timeout_s = STARTUP_TIMEOUT_S
         self._background: set[asyncio.Task[Any]] = set()
         self._live: set[ManagedKernel] = set()
         self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
@@ -102,13 +109,29 @@ class Engine:
             server.kill_sync()
         self.staging.close()
 
+    def ensure_staging(self) -> None:
+        """Recreate the staging root if a script deleted it (or parts); validate it.
+
+        Raises ``RefusedError`` when it cannot be made private again (fail closed).
+        """
+        self.staging.ensure()
+        try:
+            self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+        except OSError as exc:
+            raise RefusedError(
+                f"execute_code: could not create a private workspace: cannot recreate "
+                f"{self.staging.path / 'pypath'}: {exc}"
+            ) from None
+
     # -- kernels -------------------------------------------------------------------------------
 
     async def start_kernel(
         self, interpreter: str, cwd: str, *, mode: str, source: str = "cold"
     ) -> ManagedKernel:
+        """Start a kernel; every failure is a ``KernelStartError`` (or ``RefusedError``)."""
         if self._closed:
             raise RefusedError("execute_code: the tool is shutting down")
+        self.ensure_staging()
         started = time.monotonic()
         env = self._kernel_env()
         server = self._fork_server(interpreter)
@@ -120,8 +143,24 @@ class Engine:
                 runtime_dir=self.staging.runtime_dir,
                 env=env,
                 fork_server_id=server.server_id if server is not None and server.ready else "",
+                timeout=self.start_timeout_s,
             )
             ok = True
+        except InterpreterError:
+            raise
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            # jupyter_client's launch (or a fork request) outlived the startup timeout,
+            # typically on an overloaded host: a start failure, never a bare TimeoutError.
+            raise StartTimeout(
+                f"execute_code: the kernel did not start within {self.start_timeout_s:.0f} s "
+                "(the host may be overloaded); nothing ran; try again shortly"
+            ) from exc
+        except KernelStartError as exc:
+            if time.monotonic() - started >= self.start_timeout_s:
+                raise StartTimeout(str(exc)) from exc
+            raise
+        except OSError as exc:  # e.g. the fork server died mid-request
+            raise KernelStartError(f"execute_code: could not start a kernel: {exc}") from exc
         finally:
             self.telemetry.emit(
                 "kernel.start",
@@ -280,29 +319,83 @@ class Engine:
         )
 
     async def run_per_call(self, call: Call, notes: list[str] | None = None) -> ExecuteCodeResult:
-        """One script in a fresh kernel and a fresh private workspace, both gone afterwards."""
+        """One script in a fresh kernel and a fresh private workspace, both gone afterwards.
+
+        The run first takes one of the admission slots (waiting in the bounded queue, on the
+        call's own deadline); the slot is held until its kernel is confirmed stopped.
+        """
+        slot = await self.admission.acquire(call.deadline, call.abort)
+        if isinstance(slot, Denied):
+            return self._denied(slot, call)
+        kernel: ManagedKernel | None = None
+        details = {**call.details, "queue_wait_ms": slot.waited_ms}
         try:
-            workspace = self.staging.new_workspace()
-        except RefusedError as exc:
-            return refusal(str(exc), call.details)
-        try:
-            self.staging.write_private_file(workspace, "script.py", call.script)
             try:
-                kernel, source = await self.pool.claim(call.interpreter)
-            except LemonExecError as exc:
-                return refusal(str(exc), call.details)
-            kernel.status.phase = "running"
-            self.index.touch()
+                workspace = self.staging.new_workspace()
+            except RefusedError as exc:
+                return refusal(str(exc), details)
             try:
-                request = self.call_request(call, chdir=True)
-                result = await cells.run_cell(kernel, request, self.tool_host)
+                self.staging.write_private_file(workspace, "script.py", call.script)
+                try:
+                    kernel, source = await self.pool.claim(call.interpreter)
+                except KernelStartError as exc:
+                    return start_failure(exc, details)
+                except LemonExecError as exc:
+                    return refusal(str(exc), details)
+                kernel.status.phase = "running"
+                self.index.touch()
+                try:
+                    request = self.call_request(call, chdir=True)
+                    result = await cells.run_cell(kernel, request, self.tool_host)
+                finally:
+                    # A used kernel is never reused: stopped in the background, off the hot
+                    # path. Its slot is freed once it is gone, so the cap bounds live kernels.
+                    self.spawn(self._stop_and_release(kernel, slot))
             finally:
-                # A used kernel is never reused: stopped in the background, off the hot path.
-                self.discard(kernel, reason="finished", mode="per_call")
+                self.staging.remove_workspace(workspace)
         finally:
-            self.staging.remove_workspace(workspace)
-        details = {**call.details, "kernel_source": source}
+            if kernel is None:  # no kernel to wait for: the slot is free now
+                slot.release()
+        details["kernel_source"] = source
         return build_result(result, timeout_ms=call.timeout_ms, details=details, notes=notes)
+
+    async def _stop_and_release(self, kernel: ManagedKernel, slot: Slot) -> None:
+        try:
+            await self.stop(kernel, reason="finished", mode="per_call")
+        finally:
+            slot.release()
+
+    def _denied(self, denied: Denied, call: Call) -> ExecuteCodeResult:
+        """The busy (or cancelled) answer for a call that got no per-call slot."""
+        limit = self.admission.limit
+        details = {
+            **call.details,
+            "busy": denied.reason in ("queue_full", "queue_timeout"),
+            "busy_reason": denied.reason,
+            "queue_wait_ms": denied.waited_ms,
+            "per_call_running": denied.running,
+            "per_call_waiting": denied.waiting,
+            "max_concurrent_per_call": limit,
+        }
+        if denied.reason == "cancelled":
+            message = (
+                "Script cancelled.\n\nIt was still waiting for a free per-call slot; nothing ran."
+            )
+            return refusal(message, {**details, "cancelled": True})
+        if denied.reason == "closed":
+            return refusal("execute_code: the tool is shutting down; nothing ran.", details)
+        if denied.reason == "queue_timeout":
+            message = (
+                f"execute_code is busy: this call waited {denied.waited_ms} ms for one of the "
+                f"{limit} per-call slots until its timeout ran out ({denied.running} runs "
+                f"running, {denied.waiting} waiting); nothing ran; try again shortly."
+            )
+        else:
+            message = (
+                f"execute_code is busy: {denied.running} per-call runs already running and "
+                f"{denied.waiting} waiting; try again shortly."
+            )
+        return refusal(message, details)
 
     # -- shutdown -------------------------------------------------------------------------------
 
@@ -311,6 +404,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
+        self.admission.close()
         if self.sessions is not None:
             with contextlib.suppress(Exception):
                 await self.sessions.aclose()
@@ -330,8 +424,23 @@ class Engine:
         hygiene.unregister(self)
 
 
+class StartTimeout(KernelStartError):
+    """A kernel start that ran out of its startup time."""
+
+
+def start_failure(exc: KernelStartError, details: dict[str, Any]) -> ExecuteCodeResult:
+    """The result of a run whose kernel could not start: nothing ran; the reason is kept."""
+    if isinstance(exc, InterpreterError):
+        kind = "interpreter"
+    elif isinstance(exc, StartTimeout):
+        kind = "timeout"
+    else:
+        kind = "failed"
+    return refusal(str(exc), {**details, "startup_failed": True, "startup_error": kind})
+
+
 def _join_path(first: str, rest: str | None) -> str:
     return first if not rest else first + os.pathsep + rest
 
 
-__all__ = ["Call", "Engine"]
+__all__ = ["Call", "Engine", "StartTimeout", "start_failure"]

@@ -11,7 +11,8 @@ Layout (every directory 0700, every file 0600, all owned by this user)::
 
 Anything that is not exactly as expected fails closed with ``RefusedError``. Removal is
 always bounded (a script can create millions of files) and never follows symlinks (a script
-can plant a link to somewhere it should not be able to make us delete).
+can plant a link to somewhere it should not be able to make us delete). A root a script
+deleted is made again by :meth:`StagingRoot.ensure`, with the same checks.
 
 Stale roots: a root whose owner PID is dead is removed by the next process that starts
 (:func:`sweep_stale_roots`), with the same bounded removal; a root too big to finish in one
@@ -69,8 +70,12 @@ def _refuse(reason: str) -> RefusedError:
     return RefusedError(f"execute_code: could not create a private workspace: {reason}")
 
 
-def _check_private_dir(path: Path) -> None:
-    """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700."""
+def _check_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
+    """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700.
+
+    ``sticky_ok``: also accept 01700 (jupyter_client sets the sticky bit on its runtime
+    directory; it restricts, never widens, access).
+    """
     try:
         st = os.lstat(path)
     except OSError as exc:
@@ -81,8 +86,20 @@ def _check_private_dir(path: Path) -> None:
         raise _refuse(f"{path} is not a directory")
     if st.st_uid != os.getuid():
         raise _refuse(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        raise _refuse(f"{path} has mode {stat.S_IMODE(st.st_mode):04o}, not 0700")
+    mode = stat.S_IMODE(st.st_mode)
+    if (mode & ~stat.S_ISVTX if sticky_ok else mode) != 0o700:
+        raise _refuse(f"{path} has mode {mode:04o}, not 0700")
+
+
+def _ensure_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
+    """Create ``path`` (0700) if it is missing; then :func:`_check_private_dir` it."""
+    try:
+        os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise _refuse(f"cannot create {path}: {exc.strerror or exc}") from None
+    _check_private_dir(path, sticky_ok=sticky_ok)
 
 
 def write_private_file(directory: Path, name: str, data: bytes | str) -> Path:
@@ -465,6 +482,34 @@ class StagingRoot:
     def work_dir(self) -> Path:
         """Parent of the per-run workspaces."""
         return self._path / "work"
+
+    def ensure(self) -> None:
+        """Recreate whatever of the root a script deleted, then validate all of it.
+
+        A script runs with our permissions and can ``shutil.rmtree`` the root that holds its
+        workspace; without this every later call would be refused. Missing directories are
+        made again exactly as :meth:`create` makes them (``mkdir`` 0700, which fails on
+        anything already there, then validated) and a missing owner marker is rewritten.
+        Anything present but not as expected (a symlink, another owner, another mode) still
+        fails closed with ``RefusedError``. A handful of ``lstat`` calls when nothing is
+        missing.
+        """
+        if self._closed:
+            raise _refuse(f"{self._path} is closed")
+        for directory in (self._path, self.spill_dir, self.work_dir):
+            _ensure_private_dir(directory)
+        _ensure_private_dir(self.runtime_dir, sticky_ok=True)
+        marker = self._path / OWNER_MARKER
+        try:
+            os.lstat(marker)
+        except FileNotFoundError:
+            data = {"pid": os.getpid(), "created": time.time(), "version": _MARKER_VERSION}
+            try:
+                write_private_file(self._path, OWNER_MARKER, json.dumps(data))
+            except OSError as exc:
+                raise _refuse(f"cannot write owner marker in {self._path}: {exc}") from None
+        except OSError as exc:
+            raise _refuse(f"cannot inspect {marker}: {exc.strerror or exc}") from None
 
     def new_workspace(self) -> Path:
         """Create and validate a fresh, empty 0700 directory for one run."""
