@@ -72,6 +72,7 @@ class Engine:
         self.config = config
         self.tool_host = tool_host
         self.telemetry = telemetry
+        hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         self.staging = StagingRoot.create(staging_base)
         self._pypath = kernel_pythonpath(self.staging.path / "pypath")
         self.pool = KernelPool(self._start_cold, config.warm_kernels, start_spare=self._start_spare)
@@ -167,6 +168,7 @@ class Engine:
                 {"duration_ms": int((time.monotonic() - started) * 1000)},
                 {"mode": mode, "source": source, "ok": ok},
             )
+        kernel.status.pid = kernel.pid or 0  # recorded in the index for sweep_dead_hosts
         kernel.status.mode = mode
         kernel.status.phase = "spare" if source == "spare" else "idle"
         self._live.add(kernel)

@@ -24,6 +24,8 @@ from typing import Any
 from jupyter_client.provisioning import LocalProvisioner
 from traitlets import Unicode
 
+from lemon_exec.kernel import supervise
+
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 15.0
@@ -69,6 +71,8 @@ class ForkServer:
                     "lemon_exec.kernel.forkserver",
                     "--fd",
                     str(child_sock.fileno()),
+                    "--host-pid",
+                    str(os.getpid()),
                 ],
                 pass_fds=(child_sock.fileno(),),
                 env=self._env,
@@ -86,6 +90,14 @@ class ForkServer:
         host_sock.setblocking(False)
         self._reader, self._writer = await asyncio.open_unix_connection(sock=host_sock)
         self._task = asyncio.get_running_loop().create_task(self._read_loop())
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def cwd(self) -> str:
+        return self._cwd
 
     @property
     def ready(self) -> bool:
@@ -152,11 +164,13 @@ class ForkServer:
         return self._exits.get(pid)
 
     def kill_sync(self) -> None:
-        """Kill the template and every kernel it forked (exit-time cleanup)."""
+        """Kill the template and every process under it (exit-time cleanup)."""
         for pid in list(self._children):
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
         if self._proc is not None and self._proc.poll() is None:
+            # Everything under the template (a subreaper): kernels' setsid descendants too.
+            supervise.kill_tree(self._proc.pid)
             with contextlib.suppress(OSError):
                 self._proc.kill()
         _SERVERS.pop(self.server_id, None)
@@ -186,6 +200,11 @@ class ForkServer:
             if self._proc.poll() is None:
                 self._proc.kill()
                 await asyncio.get_running_loop().run_in_executor(None, self._proc.wait)
+
+
+def servers() -> list[ForkServer]:
+    """The fork servers of this process."""
+    return list(_SERVERS.values())
 
 
 class ForkedProcess:

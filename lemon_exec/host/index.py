@@ -4,6 +4,10 @@
 attach to it with Jupyter tools. Only the same OS user can read them (the root is 0700), and
 a row holds an opaque id, never a session key, code or output. The index is rewritten at most
 every 0.2 s, off the hot path.
+
+It also records the host's and its kernel-side processes' PIDs with their start times, so
+that if the host is killed and its processes somehow survive it, the next host start can
+kill exactly them (:func:`lemon_exec.host.hygiene.sweep_dead_hosts`), never a reused PID.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec._constants import STAGING_ROOT_PREFIX
+from lemon_exec.kernel import supervise
 
 INDEX_NAME = "kernels.json"
 _WRITE_DELAY_S = 0.2
@@ -36,13 +41,21 @@ class KernelStatus:
     started_unix: float = field(default_factory=time.time)
     last_used_unix: float = field(default_factory=time.time)
     cells: int = 0
+    pid: int = 0  # the kernel process, once known
 
 
 class KernelIndex:
-    def __init__(self, root: Path, rows: Callable[[], Iterable[KernelStatus]]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        rows: Callable[[], Iterable[KernelStatus]],
+        extra_pids: Callable[[], Iterable[int]] | None = None,
+    ) -> None:
         self.path = root / INDEX_NAME
         self._rows = rows
+        self._extra_pids = extra_pids or (lambda: _templates_under(root))
         self._handle: asyncio.TimerHandle | None = None
+        self._host_start = supervise.start_time(os.getpid())
 
     def touch(self) -> None:
         """Schedule a rewrite (coalesced)."""
@@ -52,11 +65,14 @@ class KernelIndex:
 
     def write_now(self) -> None:
         self._handle = None
+        rows = list(self._rows())
         data = json.dumps(
             {
                 "pid": os.getpid(),
+                "host_start": self._host_start,
                 "written_unix": time.time(),
-                "kernels": [asdict(r) for r in self._rows()],
+                "kernels": [asdict(r) for r in rows],
+                "processes": _processes([r.pid for r in rows], self._extra_pids()),
             }
         )
         tmp = self.path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
@@ -72,6 +88,24 @@ class KernelIndex:
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None
+
+
+def _processes(*pid_lists: Iterable[int]) -> list[dict[str, int]]:
+    """``{"pid", "start"}`` of each running process named (one /proc read each)."""
+    found: list[dict[str, int]] = []
+    for pids in pid_lists:
+        for pid in pids:
+            started = supervise.start_time(pid) if pid else None
+            if started is not None:
+                found.append({"pid": pid, "start": started})
+    return found
+
+
+def _templates_under(root: Path) -> list[int]:
+    """The fork-server templates this process runs for the staging root ``root``."""
+    from lemon_exec.host.forkserver import servers
+
+    return [s.pid for s in servers() if s.pid and Path(s.cwd).parent == root]
 
 
 def read_indexes(base: str | os.PathLike[str] | None = None) -> list[dict[str, Any]]:

@@ -31,6 +31,7 @@ from jupyter_client import AsyncKernelClient, AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
+from lemon_exec.host import hygiene
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.output import format_size
@@ -212,6 +213,7 @@ class ManagedKernel:
         self._disposed = True
         pgid = getattr(self._km.provisioner, "pgid", None)
         pid = self.pid
+        hygiene.kill_kernel_tree(getattr(self._km.provisioner, "process", None))
         with contextlib.suppress(OSError, TypeError):
             if pgid:
                 os.killpg(pgid, signal.SIGKILL)
@@ -422,6 +424,7 @@ def _ignore(_msg: dict[str, Any]) -> None:
 async def _kill_manager(km: AsyncKernelManager) -> None:
     with contextlib.suppress(Exception):
         if km.has_kernel:
+            hygiene.kill_kernel_tree(getattr(km.provisioner, "process", None))
             await km.signal_kernel(signal.SIGKILL)
             await km.shutdown_kernel(now=True)
     with contextlib.suppress(Exception):

@@ -1,8 +1,17 @@
 """Entry point of the lemon-python kernel: ``python -m lemon_exec.kernel -f FILE``."""
 
+import os
+import sys
+
 from lemon_exec.kernel.lean import skip_optional_modules
+from lemon_exec.kernel.supervise import connection_file_arg, supervise_kernel
 
 if __name__ == "__main__":
+    # jupyter_client names the launching process here. Our parent watch replaces
+    # ipykernel's (it polls once a second and exits without killing the kernel's
+    # descendants), which reads this variable when ipykernel is imported.
+    parent = os.environ.pop("JPY_PARENT_PID", "")
+    supervise_kernel(connection_file_arg(sys.argv[1:]), int(parent) if parent.isdigit() else None)
     skip_optional_modules()
     from lemon_exec.kernel.app import main
 

@@ -13,7 +13,11 @@ Protocol on the inherited Unix socket (fd given by ``--fd``), JSON lines:
 - template → host: ``{"ready": pid}`` once, ``{"pid": N}`` or ``{"error": "..."}`` per
   request, and ``{"exit": N, "status": S}`` when a child ends (S negative: killed by -S).
 
-The template exits, killing its children's process groups, when the host closes the socket.
+The template exits when the host closes its socket or dies (a pidfd on the host, so a SIGKILLed
+host is noticed at once), killing every kernel's whole process tree first. It is a subreaper
+(see :mod:`lemon_exec.kernel.supervise`): what a dead kernel leaves behind is adopted by the
+template and killed. When the host died (rather than closing the socket), the template also
+removes the host's staging root, connection files included.
 """
 
 from __future__ import annotations
@@ -24,20 +28,28 @@ import gc
 import importlib
 import json
 import os
+import select
 import selectors
 import signal
 import socket
 import sys
+import time
 import traceback
+from pathlib import Path
 from typing import Any
+
+from lemon_exec.kernel import supervise
 
 _REAP_INTERVAL_S = 0.02
 _MAX_REQUEST = 1 << 20
+#: After the socket closes, how long to wait to learn whether the host died or just closed it.
+_HOST_EXIT_WAIT_S = 1.0
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m lemon_exec.kernel.forkserver")
     parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--host-pid", type=int, default=0)
     args = parser.parse_args()
     # Import everything a kernel needs now, in the template, so children start warm.
     from lemon_exec.kernel.lean import skip_optional_modules
@@ -50,32 +62,61 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the host stops the template
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stop through serve()'s cleanup
+    supervise.become_subreaper()
     sock = socket.socket(fileno=args.fd)
-    with contextlib.suppress(OSError):  # the host closed the socket: time to go
-        _Template(sock).serve()
+    template = _Template(sock, args.host_pid or os.getppid())
+    try:
+        with contextlib.suppress(OSError):  # the host closed the socket: time to go
+            template.serve()
+    finally:
+        template.after_host()
+
+
+def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
+    raise SystemExit(0)
 
 
 class _Template:
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, host: int) -> None:
         self.sock = sock
         self.children: set[int] = set()
         self.buffer = b""
         self.fds: list[int] = []
+        self.host = host
+        self.pid = os.getpid()
+        self.host_fd = _pidfd(self.host)
+        self.root = Path.cwd().parent  # the host starts us in <staging root>/work
+        self.selector = selectors.DefaultSelector()
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
 
     def serve(self) -> None:
         self.send({"ready": os.getpid()})
-        selector = selectors.DefaultSelector()
-        selector.register(self.sock, selectors.EVENT_READ)
+        self.selector.register(self.sock, selectors.EVENT_READ, "sock")
+        if self.host_fd is not None:
+            self.selector.register(self.host_fd, selectors.EVENT_READ, "host")
         try:
             while True:
-                if selector.select(timeout=_REAP_INTERVAL_S) and not self._read():
-                    return  # the host went away
+                for key, _events in self.selector.select(timeout=_REAP_INTERVAL_S):
+                    if key.data == "host" or not self._read():
+                        return  # the host closed the socket or died
+                if self.host_fd is None and os.getppid() != self.host:
+                    return  # no pidfd: being reparented tells us the host died
                 self._reap()
         finally:
             self._kill_children()
+
+    def after_host(self) -> None:
+        """If the host died (not just closed the socket), remove its staging root."""
+        self._kill_children()
+        if not self._host_died():
+            return
+        with contextlib.suppress(Exception):  # best effort: the next host start sweeps too
+            from lemon_exec.host.hygiene import remove_dead_root
+
+            remove_dead_root(self.root, self.host)
 
     def _read(self) -> bool:
         data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 4)
@@ -103,48 +144,86 @@ class _Template:
             self.send({"error": f"{type(exc).__name__}: {exc}"})
             return
         if pid == 0:
-            _child(request, stderr_fd, self.sock)  # never returns
+            self.selector.close()
+            if self.host_fd is not None:
+                os.close(self.host_fd)
+            _child(request, stderr_fd, self.sock, template=self.pid)  # never returns
         if stderr_fd is not None:
             os.close(stderr_fd)
         self.children.add(pid)
         self.send({"pid": pid})
 
+    def _host_died(self) -> bool:
+        if self.host_fd is not None:
+            ready, _, _ = select.select([self.host_fd], [], [], _HOST_EXIT_WAIT_S)
+            return bool(ready)
+        deadline = time.monotonic() + _HOST_EXIT_WAIT_S
+        while os.getppid() == self.host:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
+
     def _reap(self) -> None:
-        while self.children:
+        """Reap every ended child: kernels (reported) and adopted orphans (not)."""
+        kernel_ended = False
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 self.children.clear()
                 return
             if pid == 0:
-                return
+                break
+            if pid not in self.children:
+                continue  # an adopted orphan we killed
+            kernel_ended = True
             self.children.discard(pid)
             code = os.waitstatus_to_exitcode(status)
             with contextlib.suppress(OSError):
                 self.send({"exit": pid, "status": code})
+        if kernel_ended:
+            # A kernel that died without killing its descendants left them to us: kill them.
+            self._kill_orphans()
+
+    def _kill_orphans(self) -> None:
+        for pid in supervise.children(os.getpid()):
+            if pid not in self.children:
+                supervise.kill_tree(pid)
 
     def _kill_children(self) -> None:
         for pid in list(self.children):
+            supervise.kill_tree(pid)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
+        self._kill_orphans()
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        self.children.clear()
 
 
-def _child(request: dict[str, Any], stderr_fd: int | None, sock: socket.socket) -> None:
+def _child(
+    request: dict[str, Any], stderr_fd: int | None, sock: socket.socket, template: int
+) -> None:
     code = 1
     try:
         sock.close()
         os.setsid()  # its own process group: the host signals the kernel and its children
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDWR)
         os.dup2(devnull, 0)
         os.dup2(devnull, 1)
         os.dup2(stderr_fd if stderr_fd is not None else devnull, 2)
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
-        # The kernel's parent poller must watch the template, its real parent.
-        os.environ["JPY_PARENT_PID"] = str(os.getppid())
+        os.environ.pop("JPY_PARENT_PID", None)  # supervise watches the parent instead
         os.chdir(request.get("cwd") or "/")
         argv = [str(a) for a in request["argv"]]
+        # Subreaper, SIGTERM kills its tree, and the template's death (the host's is the
+        # template's business) kills it and its tree.
+        supervise.supervise_kernel(supervise.connection_file_arg(argv), template)
         sys.argv = ["lemon_exec.kernel", *argv]
         from lemon_exec.kernel.app import LemonKernelApp
 
@@ -159,6 +238,17 @@ def _child(request: dict[str, Any], stderr_fd: int | None, sock: socket.socket) 
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        fd = os.pidfd_open(pid)
+    except (OSError, AttributeError):
+        return None
+    if os.getppid() != pid:  # the host died before we opened it: being reparented says so
+        os.close(fd)
+        return None
+    return fd
 
 
 if __name__ == "__main__":

@@ -1,0 +1,328 @@
+"""Host death leaves nothing behind: kernels, their setsid and double-fork daemons, templates.
+
+Real hosts in subprocesses, killed with SIGKILL (or SIGTERM while inside ``run_sync``); real
+kernels whose scripts start daemons that leave the kernel's process group. Every process a
+test saw is SIGKILLed in a ``finally``, so a failing test leaks nothing either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import pid_gone
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from lemon_exec.host import hygiene
+from lemon_exec.kernel import supervise
+from lemon_exec.scope import SessionScope
+
+#: The bound the issue sets for "host SIGKILLed -> everything gone", with slack for CI.
+GONE_WITHIN_S = 3.0
+
+
+def daemon_script(pid_file: Path, *, block: bool) -> str:
+    """Starts a setsid ``sleep`` and a classic double-fork daemon, writes all PIDs."""
+    return textwrap.dedent(
+        f"""
+        import os, subprocess, time
+        setsid = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+        r, w = os.pipe()
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.write(w, str(os.getpid()).encode())
+                os.execvp("sleep", ["sleep", "1001"])
+            os._exit(0)
+        os.close(w)
+        daemon = int(os.read(r, 64))
+        os.wait()
+        with open({str(pid_file) + ".tmp"!r}, "w") as fh:
+            fh.write(f"{{os.getpid()}} {{os.getppid()}} {{setsid.pid}} {{daemon}}")
+        os.rename({str(pid_file) + ".tmp"!r}, {str(pid_file)!r})
+        {"time.sleep(1000)" if block else ""}
+        """
+    )
+
+
+def read_pids(
+    path: Path, within: float = 60.0, host: subprocess.Popen[bytes] | None = None
+) -> list[int]:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        assert host is None or host.poll() is None, "the host exited early"
+        if path.exists():
+            return [int(p) for p in path.read_text().split()]
+        time.sleep(0.05)
+    raise AssertionError(f"the script wrote no {path} within {within} s")
+
+
+def all_gone(pids: set[int], within: float = GONE_WITHIN_S) -> set[int]:
+    """The PIDs still running after ``within`` seconds (zombies count as gone)."""
+    deadline = time.monotonic() + within
+    while True:
+        left = {p for p in pids if not pid_gone(p)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def below(pid: int) -> set[int]:
+    return set(supervise.descendants(pid))
+
+
+@pytest.fixture
+def reap() -> Iterator[set[int]]:
+    """PIDs added here are SIGKILLed after the test, pass or fail."""
+    pids: set[int] = set()
+    yield pids
+    for pid in pids:
+        if not pid_gone(pid):
+            supervise.kill_tree(pid)
+
+
+# -- a host in a subprocess ------------------------------------------------------------------
+
+HOST = r"""
+import os, sys, time
+from pathlib import Path
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from lemon_exec.scope import SessionScope
+
+mode, fork, base, probe, script = sys.argv[1:6]
+config = ExecuteCodeConfig(
+    enabled=True, kernel_mode=mode, fork_server=fork == "on", warm_kernels=0
+)
+tool = ExecuteCode(config, staging_base=base)
+
+def scope(name):
+    return SessionScope(name) if mode == "session" else None
+
+# With the fork server on, wait until kernels are forked (the first starts cold).
+for i in range(40):
+    probe_script = f"import os\nwith open({probe!r}, 'w') as fh:\n    fh.write(str(os.getppid()))"
+    tool.run_sync(probe_script, scope=scope(f"p{i}"))
+    if fork == "off" or int(Path(probe).read_text()) != os.getpid():
+        break
+    time.sleep(0.25)
+tool.run_sync(Path(script).read_text(), scope=scope("main"), timeout_ms=600_000)
+"""
+
+
+@pytest.fixture
+def base() -> Iterator[Path]:
+    """A short staging base (ipc socket paths must fit in 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="lhd-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def start_host(tmp_path: Path, base: Path, mode: str, fork: str) -> subprocess.Popen[bytes]:
+    host_py = tmp_path / "host.py"
+    host_py.write_text(HOST)
+    script = tmp_path / "script.py"
+    script.write_text(daemon_script(tmp_path / "pids", block=True))
+    argv = [
+        sys.executable,
+        str(host_py),
+        mode,
+        fork,
+        str(base),
+        str(tmp_path / "probe"),
+        str(script),
+    ]
+    return subprocess.Popen(argv, cwd=tmp_path)
+
+
+def connection_files(base: Path) -> list[Path]:
+    return list(base.glob("lemon-exec-*/runtime/kernel-*.json"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("mode", "fork", "signum"),
+    [
+        ("per_call", "on", signal.SIGKILL),
+        ("per_call", "off", signal.SIGKILL),
+        ("session", "on", signal.SIGKILL),
+        ("session", "off", signal.SIGKILL),
+        ("per_call", "off", signal.SIGTERM),  # run_sync on the main thread: no handler ran
+    ],
+)
+def test_killed_host_leaves_no_process_and_no_key(
+    tmp_path: Path, base: Path, reap: set[int], mode: str, fork: str, signum: int
+) -> None:
+    host = start_host(tmp_path, base, mode, fork)
+    reap.add(host.pid)
+    try:
+        kernel, kernel_parent, setsid_daemon, double_fork_daemon = read_pids(
+            tmp_path / "pids", within=30, host=host
+        )
+        reap.update({kernel, setsid_daemon, double_fork_daemon})
+        everything = below(host.pid)
+        reap.update(everything)
+        assert {kernel, setsid_daemon, double_fork_daemon} <= everything
+        # The double-fork daemon was adopted by the kernel (a subreaper), not by init.
+        assert supervise._stat_fields(double_fork_daemon)[1] == str(kernel)  # type: ignore[index]
+        if fork == "on":
+            assert kernel_parent != host.pid, "the kernel should have been forked by a template"
+        else:
+            assert kernel_parent == host.pid
+        assert connection_files(base)
+
+        host.send_signal(signum)
+        host.wait(10)
+        assert not all_gone(everything), "processes outlived the killed host"
+        deadline = time.monotonic() + GONE_WITHIN_S
+        while connection_files(base) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not connection_files(base), "a connection file (with its key) outlived the host"
+        if fork == "on":  # the template removed the dead host's staging root
+            deadline = time.monotonic() + GONE_WITHIN_S
+            while list(base.iterdir()) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert not list(base.iterdir())
+        else:  # the next host start sweeps it
+            assert list(base.glob("lemon-exec-*"))
+            with ExecuteCode(ExecuteCodeConfig(enabled=True), staging_base=base) as tool:
+                tool.run_sync("pass")
+            assert not list(base.iterdir())
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+
+
+# -- runs and sessions end their descendants -------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fork", [True, False])
+def test_per_call_run_end_kills_its_daemons(tmp_path: Path, reap: set[int], fork: bool) -> None:
+    config = ExecuteCodeConfig(enabled=True, fork_server=fork, warm_kernels=0)
+    with ExecuteCode(config) as tool:
+        result = tool.run_sync(daemon_script(tmp_path / "pids", block=False))
+        assert not result.details.get("error"), result.content
+        kernel, _parent, *daemons = read_pids(tmp_path / "pids", within=1)
+        reap.update({kernel, *daemons})
+        assert not all_gone({kernel, *daemons}), "a per-call run's daemons outlived it"
+
+
+@pytest.mark.slow
+def test_session_reset_kills_its_daemons(tmp_path: Path, reap: set[int]) -> None:
+    config = ExecuteCodeConfig(enabled=True, kernel_mode="session")
+    scope = SessionScope("daemons", cwd=tmp_path)
+    with ExecuteCode(config) as tool:
+        tool.run_sync(daemon_script(tmp_path / "pids", block=False), scope=scope)
+        kernel, _parent, *daemons = read_pids(tmp_path / "pids", within=1)
+        reap.update({kernel, *daemons})
+        time.sleep(0.5)
+        assert not any(pid_gone(p) for p in daemons), "a session keeps its daemons while alive"
+        tool.run_sync("pass", scope=scope, reset=True)
+        assert not all_gone({kernel, *daemons}), "a reset session's daemons survived"
+
+
+# -- lemon-exec mcp over stdio ---------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_stdio_mcp_server_leaves_nothing(tmp_path: Path, reap: set[int]) -> None:
+    argv = [sys.executable, "-m", "lemon_exec", "mcp"]
+    server = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path, text=True
+    )
+    reap.add(server.pid)
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(message) + "\n")
+        server.stdin.flush()
+
+    try:
+        send({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "0"}},
+        })  # fmt: skip
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        script = daemon_script(tmp_path / "pids", block=False)
+        send({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "execute_code", "arguments": {"script": script}},
+        })  # fmt: skip
+        while json.loads(server.stdout.readline()).get("id") != 2:
+            pass
+        kernel, _parent, *daemons = read_pids(tmp_path / "pids", within=1)
+        reap.update({kernel, *daemons})
+        everything = below(server.pid) | {kernel, *daemons}
+        reap.update(everything)
+        server.kill()
+        server.wait(10)
+        assert not all_gone(everything), "processes outlived the killed MCP server"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+
+# -- the next start sweeps what survived -----------------------------------------------------
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_next_start_kills_recorded_survivors_but_never_a_reused_pid(
+    tmp_path: Path, reap: set[int]
+) -> None:
+    root = tmp_path / "lemon-exec-dead"
+    root.mkdir(mode=0o700)
+    (root / "runtime").mkdir(mode=0o700)
+    key_file = root / "runtime" / "kernel-x.json"
+    key_file.write_text('{"key": "secret"}')
+    owner = _dead_pid()
+    (root / "owner").write_text(json.dumps({"pid": owner, "created": 0, "version": 1}))
+    (root / "owner").chmod(0o600)
+    survivor = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    stranger = subprocess.Popen(["sleep", "1000"], start_new_session=True)
+    reap.update({survivor.pid, stranger.pid})
+    try:
+        survivor_start = supervise.start_time(survivor.pid)
+        stranger_start = supervise.start_time(stranger.pid)
+        assert survivor_start is not None and stranger_start is not None
+        index = {
+            "pid": owner,
+            "host_start": 1,
+            "kernels": [],
+            "processes": [
+                {"pid": survivor.pid, "start": survivor_start},
+                # Same PID, other start time: a reused PID, not ours to kill.
+                {"pid": stranger.pid, "start": stranger_start + 1},
+            ],
+        }
+        fd = os.open(root / "kernels.json", os.O_WRONLY | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(index, fh)
+
+        assert hygiene.sweep_dead_hosts(tmp_path) == 1
+        survivor.wait(5)
+        assert stranger.poll() is None
+        assert not root.exists(), "the dead host's root (and its key file) should be gone"
+    finally:
+        for proc in (survivor, stranger):
+            proc.kill()
+            proc.wait()
