@@ -112,6 +112,29 @@ _EXECUTE_COMMAND_SCHEMA: dict[str, Any] = {
     "required": ["command"],
     "additionalProperties": False,
 }
+#: execute_code's structuredContent. Clients such as pydantic-ai, the OpenAI Agents SDK (with
+#: use_structured_content) and fastmcp (result.data) hand the model this object instead of
+#: ``content``, so it repeats the result text.
+_EXECUTE_CODE_OUTPUT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "content": {
+            "type": "string",
+            "description": "The result text, as in the content block: the text() blocks, "
+            "then any diagnostics; an untrusted result keeps its external-content envelope.",
+        },
+        "details": {
+            "type": "object",
+            "description": "Execution metadata: exit_code, duration_ms, mode, python, ...",
+        },
+        "trust": {
+            "type": "string",
+            "enum": ["trusted", "untrusted"],
+            "description": "untrusted when third-party content (webfetch) reached the result.",
+        },
+    },
+    "required": ["content", "details", "trust"],
+}
 _RESTART_SESSION_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {},
@@ -175,6 +198,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                     name="execute_code",
                     description=schema["description"],
                     input_schema=schema["input_schema"],
+                    output_schema=_EXECUTE_CODE_OUTPUT_SCHEMA,
                     annotations=ToolAnnotations(
                         title="Execute Python code",
                         read_only_hint=False,
@@ -260,6 +284,8 @@ class LemonExecServer(MCPServer[_Lifespan]):
         unknown = sorted(set(arguments) - {"script", "timeout_ms", "reset"})
         if unknown:
             raise ToolError(f"execute_code: unknown argument(s): {', '.join(unknown)}")
+        # Strict-mode clients send every parameter: null stands for "not given".
+        reset = arguments.get("reset")
 
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
@@ -282,7 +308,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                     facade.run(
                         arguments.get("script"),
                         timeout_ms=arguments.get("timeout_ms"),
-                        reset=arguments.get("reset", False),
+                        reset=False if reset is None else reset,
                         scope=self.scope,
                         on_update=on_update,
                     )
@@ -406,6 +432,7 @@ def _schema_tool(
     description: str,
     input_schema: dict[str, Any],
     annotations: ToolAnnotations,
+    output_schema: dict[str, Any] | None = None,
 ) -> Tool:
     tool = _SchemaTool.from_function(
         fn,
@@ -414,7 +441,11 @@ def _schema_tool(
         annotations=annotations,
         structured_output=False,
     )
-    return tool.model_copy(update={"parameters": input_schema, "description": description})
+    update: dict[str, Any] = {"parameters": input_schema, "description": description}
+    if output_schema is not None:
+        # Published in tools/list as outputSchema; the tool returns its CallToolResult as is.
+        update["fn_metadata"] = tool.fn_metadata.model_copy(update={"output_schema": output_schema})
+    return tool.model_copy(update=update)
 
 
 async def _detached(coro: Coroutine[Any, Any, T]) -> T:
@@ -463,10 +494,15 @@ def _code_result(result: ExecuteCodeResult) -> CallToolResult:
     """The MCP form of an execute_code result.
 
     ``content`` is the result text as is (an untrusted result already carries its
-    external-content envelope); ``structuredContent`` holds ``details`` and ``trust``.
+    external-content envelope); ``structuredContent`` holds the same text as ``content``,
+    plus ``details`` and ``trust`` (many clients show the model only the structured object).
     ``isError`` marks a call that was refused before anything ran.
     """
-    structured = {"details": _jsonable(result.details), "trust": result.trust}
+    structured = {
+        "content": result.content,
+        "details": _jsonable(result.details),
+        "trust": result.trust,
+    }
     return CallToolResult(
         content=[TextContent(type="text", text=result.content)],
         structured_content=structured,
