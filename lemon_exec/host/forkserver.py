@@ -6,12 +6,19 @@ through :class:`ForkServerProvisioner`, a kernel provisioner (entry point
 ``lemon-forkserver``) that launches by fork request instead of Popen and otherwise behaves
 like the LocalProvisioner: same process-group signalling, same cleanup. When no fork server
 is ready the provisioner falls back to a normal launch, so it can never make a start fail.
+
+Every request carries an id the template echoes in its reply, and replies are matched to
+requests by it. A request given up on (timed out, or its start was cancelled) is remembered:
+when its late reply names a kernel, the template is told to kill it. Without the ids a late
+reply would be taken as the answer to the next request, handing out a kernel that belongs
+to nobody (and leaking it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -49,8 +56,11 @@ class ForkServer:
         self._sock: socket.socket | None = None
         # True once the template said "ready"; False if it exited before that.
         self._ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self._lock = asyncio.Lock()
+        # Replies awaited, by request id; ids given up on, whose late kernels get killed.
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._abandoned: set[int] = set()
+        self._request_ids = itertools.count(1)
+        self._lock = asyncio.Lock()  # one sender at a time on the socket
         self._exits: dict[int, int] = {}
         self._children: set[int] = set()
         self._task: asyncio.Task[None] | None = None
@@ -132,28 +142,76 @@ class ForkServer:
                 elif "ready" in msg:
                     if not self._ready.done():
                         self._ready.set_result(True)
-                else:
-                    self._replies.put_nowait(msg)
+                elif "req" in msg:
+                    self._reply(msg)
         finally:
             if not self._ready.done():
                 self._ready.set_result(False)
-            self._replies.put_nowait({"error": "fork server exited"})
+            for waiter in self._pending.values():
+                if not waiter.done():
+                    waiter.set_result({"error": "fork server exited"})
+            self._pending.clear()
+            self._abandoned.clear()  # the template kills its children when it exits
+
+    def _reply(self, msg: dict[str, Any]) -> None:
+        """Hand a reply to the request it answers; kill the kernel of one given up on."""
+        req = msg.get("req")
+        waiter = self._pending.pop(req, None) if isinstance(req, int) else None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(msg)
+        elif req in self._abandoned:
+            self._abandoned.discard(req)
+            if isinstance(msg.get("pid"), int):
+                self._kill_abandoned(msg["pid"])
+
+    def _abandon(self, req: int, waiter: asyncio.Future[dict[str, Any]]) -> None:
+        self._pending.pop(req, None)
+        if not waiter.done():
+            self._abandoned.add(req)  # its reply comes late: _reply kills its kernel
+        elif isinstance(waiter.result().get("pid"), int):
+            self._kill_abandoned(waiter.result()["pid"])  # answered just as we gave up
+
+    def _kill_abandoned(self, pid: int) -> None:
+        # The template kills it only while it is its unreaped child, so never a reused PID.
+        log.debug("fork server: killing kernel %d of an abandoned request", pid)
+        if self._sock is not None:
+            try:  # a few bytes: the socketpair's buffer takes them without blocking
+                self._sock.send(json.dumps({"kill": pid}).encode() + b"\n")
+            except OSError:  # gone or jammed: the template kills its children on exit
+                log.warning("fork server: could not have kernel %d killed", pid)
 
     async def fork(
         self, argv: list[str], env: dict[str, str], cwd: str, stderr_fd: int | None
     ) -> int:
-        """Ask the template for a kernel; returns the child's pid."""
+        """Ask the template for a kernel; returns the child's pid.
+
+        Raises ``TimeoutError`` when the template does not answer within
+        ``_REQUEST_TIMEOUT_S`` and ``OSError`` when it could not fork. A request that times
+        out or is cancelled is abandoned: the kernel its late reply names is killed.
+        """
         assert self._sock is not None
-        payload = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
-        async with self._lock:
-            fd = stderr_fd if stderr_fd is not None else os.open(os.devnull, os.O_WRONLY)
+        req = next(self._request_ids)
+        payload = json.dumps({"req": req, "argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
+        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[req] = waiter
+        try:
+            async with self._lock:
+                fd = stderr_fd if stderr_fd is not None else os.open(os.devnull, os.O_WRONLY)
+                try:
+                    # A request is a few KiB; a socketpair's buffer takes it without blocking.
+                    socket.send_fds(self._sock, [payload], [fd])
+                finally:
+                    if stderr_fd is None:
+                        os.close(fd)
             try:
-                # A request is a few KiB; a socketpair's buffer takes it without blocking.
-                socket.send_fds(self._sock, [payload], [fd])
-            finally:
-                if stderr_fd is None:
-                    os.close(fd)
-            reply = await asyncio.wait_for(self._replies.get(), _REQUEST_TIMEOUT_S)
+                reply = await asyncio.wait_for(asyncio.shield(waiter), _REQUEST_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise TimeoutError(
+                    f"fork server did not answer within {_REQUEST_TIMEOUT_S:g} s"
+                ) from None
+        except BaseException:  # timed out, cancelled, or the send failed: give it up
+            self._abandon(req, waiter)
+            raise
         if "pid" not in reply:
             raise OSError(f"fork server could not start a kernel: {reply.get('error')}")
         pid = int(reply["pid"])
@@ -272,7 +330,11 @@ class ForkServerProvisioner(LocalProvisioner):  # type: ignore[misc]
         env = kwargs.get("env") or dict(os.environ)
         cwd = str(kwargs.get("cwd") or os.getcwd())
         stderr = kwargs.get("stderr")
-        pid = await server.fork(cmd[3:], env, cwd, stderr if isinstance(stderr, int) else None)
+        try:
+            pid = await server.fork(cmd[3:], env, cwd, stderr if isinstance(stderr, int) else None)
+        except OSError as exc:  # no answer in time, or no fork: an ordinary launch instead
+            log.warning("execute_code: fork server failed (%s); starting the kernel cold", exc)
+            return await super().launch_kernel(cmd, **kwargs)
         self.process = ForkedProcess(server, pid)
         self.pid = pid
         self.pgid = pid  # the child called setsid(): it leads its own process group

@@ -8,10 +8,13 @@ kernel application with the request's arguments; nothing is shared after the for
 
 Protocol on the inherited Unix socket (fd given by ``--fd``), JSON lines:
 
-- host → template: ``{"argv": [...], "env": {...}, "cwd": "..."}`` with the child's stderr
-  file descriptor attached (SCM_RIGHTS);
-- template → host: ``{"ready": pid}`` once, ``{"pid": N}`` or ``{"error": "..."}`` per
-  request, and ``{"exit": N, "status": S}`` when a child ends (S negative: killed by -S).
+- host → template: ``{"req": id, "argv": [...], "env": {...}, "cwd": "..."}`` with the
+  child's stderr file descriptor attached (SCM_RIGHTS); ``{"kill": N}`` to kill the kernel
+  of a request the host gave up on (only while N is an unreaped child: never a reused PID);
+- template → host: ``{"ready": pid}`` once, ``{"pid": N, "req": id}`` or
+  ``{"error": "...", "req": id}`` per request (the host matches replies to requests by id,
+  so a late reply can never answer a later request), and ``{"exit": N, "status": S}`` when
+  a child ends (S negative: killed by -S).
 
 The template exits when the host closes its socket or dies (a pidfd on the host, so a SIGKILLed
 host is noticed at once), killing every kernel's whole process tree first. It is a subreaper
@@ -130,18 +133,28 @@ class _Template:
             return False
         while b"\n" in self.buffer:
             line, self.buffer = self.buffer.split(b"\n", 1)
-            fds, self.fds = self.fds[:1], self.fds[1:]
-            self._handle(line, fds[0] if fds else None)
+            self._handle(line)
         return True
 
-    def _handle(self, line: bytes, stderr_fd: int | None) -> None:
+    def _handle(self, line: bytes) -> None:
         try:
             request = json.loads(line)
+        except ValueError:
+            request = None
+        if isinstance(request, dict) and "kill" in request:
+            self._kill(request["kill"])  # no descriptor comes with a kill
+            return
+        # Every fork request carries its child's stderr, in order.
+        stderr_fd = self.fds.pop(0) if self.fds else None
+        req = request.get("req") if isinstance(request, dict) else None
+        try:
+            if not isinstance(request, dict):
+                raise ValueError("a request must be a JSON object")
             pid = os.fork()
         except Exception as exc:  # bad request or fork failure: report, keep serving
             if stderr_fd is not None:
                 os.close(stderr_fd)
-            self.send({"error": f"{type(exc).__name__}: {exc}"})
+            self.send({"error": f"{type(exc).__name__}: {exc}", "req": req})
             return
         if pid == 0:
             self.selector.close()
@@ -151,7 +164,14 @@ class _Template:
         if stderr_fd is not None:
             os.close(stderr_fd)
         self.children.add(pid)
-        self.send({"pid": pid})
+        self.send({"pid": pid, "req": req})
+
+    def _kill(self, pid: object) -> None:
+        """Kill a kernel the host gave up on; its exit is reported as usual once reaped."""
+        if isinstance(pid, int) and pid in self.children:
+            supervise.kill_tree(pid)
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
 
     def _host_died(self) -> bool:
         if self.host_fd is not None:
