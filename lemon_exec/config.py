@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -276,7 +275,9 @@ class ExecuteCodeConfig(Configurable):
     def resolve_python(self, cwd: str | os.PathLike[str] | None = None) -> str:
         """Return the absolute path of the interpreter to run kernels with.
 
-        Blank ``python_path`` means ``python3`` on PATH. A relative path is taken relative to
+        Blank ``python_path`` means ``python3`` on PATH, or the host's own interpreter
+        (``sys.executable``) when that ``python3`` has no ipykernel and the host's has (see
+        :mod:`lemon_exec.interpreter`). A relative path is taken relative to
         ``cwd`` (default: the current directory). Symlinks are *not* resolved: the path is
         returned as configured, made absolute; see :func:`canonical_python` for that.
 
@@ -285,13 +286,10 @@ class ExecuteCodeConfig(Configurable):
         """
         configured = self.python_path
         if not configured.strip():
-            found = shutil.which("python3")
-            if found is None:
-                raise InterpreterError(
-                    "execute_code: no python3 interpreter found on PATH; install Python 3 or "
-                    "set python_path / LEMON_EXECUTE_CODE_PYTHON_PATH to an interpreter"
-                )
-            return os.path.abspath(found)
+            # python3 on PATH, or the host's interpreter when that one lacks ipykernel.
+            from lemon_exec.interpreter import default_python
+
+            return default_python()
 
         path = os.path.expanduser(configured)
         if not os.path.isabs(path):

@@ -21,6 +21,7 @@ from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.cell import AbortSignal
 from lemon_exec.host.engine import Call, Engine
 from lemon_exec.host.sessions import SessionOwner, SessionRegistry, run_in_session
+from lemon_exec.interpreter import fallback_note
 from lemon_exec.kernel.protocol import normalize_text
 from lemon_exec.result import ExecuteCodeResult, refusal
 from lemon_exec.schema import tool_schema
@@ -162,6 +163,9 @@ class ExecuteCode:
             interpreter = config.resolve_python(cwd)
         except ConfigError as exc:
             return refusal(str(exc), details)
+        details["python"] = interpreter
+        if (note := fallback_note(interpreter)) is not None:
+            details["python_fallback"] = note
         try:
             engine = self._ensure_engine()
             engine.ensure_staging()  # a script may have deleted it: made again, or refused

@@ -445,6 +445,8 @@ def test_blank_python_path_uses_python3_on_path(
 
 def test_no_python3_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
+    # And no host interpreter to fall back to (see tests/test_interpreter_fallback.py).
+    monkeypatch.setattr("sys.executable", "")
     with pytest.raises(ConfigError) as info:
         ExecuteCodeConfig().resolve_python()
     assert str(info.value) == (

@@ -538,6 +538,7 @@ def test_no_python3_on_path(
     own_tool: Callable[..., ExecuteCode], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no python3 anywhere
+    monkeypatch.setattr("sys.executable", "")  # and no host interpreter to fall back to
     result = own_tool(make_config(python_path="")).run_sync("print(1)")
     assert result.content.startswith("execute_code: no python3 interpreter found on PATH")
     assert result.details["error"] is True
