@@ -11,7 +11,7 @@ import importlib
 import sys
 
 #: Subcommand modules, in the order ``--help`` lists them.
-_SUBCOMMANDS = ("run", "mcp", "kernels", "notebook")
+_SUBCOMMANDS = ("run", "mcp", "kernels", "notebook", "kernelspec")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,20 +1,27 @@
 """The lemon-python kernel spec, built in memory for a chosen interpreter.
 
-The shipped ``kernelspec/lemon-python/kernel.json`` lets Jupyter front ends start the kernel
-under the Python they run in. The host instead builds the spec for the configured interpreter
-and hands it to jupyter_client through a KernelSpecManager, the documented seam for "which
-kernel, how launched" (a provisioner in kernel.json metadata can move kernels elsewhere).
+The shipped ``kernelspec/lemon-python/kernel.json`` (argv[0] ``python``, which jupyter_client
+replaces with its own interpreter) serves Jupyter running in the environment lemon_exec is
+installed in. ``lemon-exec kernelspec install`` writes :func:`kernel_json` with this
+interpreter's absolute path, for a Jupyter anywhere else. The host builds the spec for the
+configured interpreter and hands it to jupyter_client through a KernelSpecManager, the
+documented seam for "which kernel, how launched" (a provisioner in kernel.json metadata can
+move kernels elsewhere).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from traitlets import Dict, Unicode
 
 KERNEL_NAME = "lemon-python"
+DISPLAY_NAME = "Python 3 (lemon_exec)"
+#: The kernel's argv after the interpreter.
+KERNEL_ARGV_TAIL = ("-m", "lemon_exec.kernel", "-f", "{connection_file}")
 
 #: The directory holding the ``lemon_exec`` package; kernels get only it on their path.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -33,6 +40,17 @@ def kernel_pythonpath(staging_pypath: Path) -> str:
     return str(staging_pypath)
 
 
+def kernel_json(interpreter: str, *, display_name: str = DISPLAY_NAME) -> dict[str, Any]:
+    """The kernel.json of lemon-python run by ``interpreter`` (the shipped file's shape)."""
+    return {
+        "argv": [interpreter, *KERNEL_ARGV_TAIL],
+        "display_name": display_name,
+        "language": "python",
+        "interrupt_mode": "signal",
+        "metadata": {"debugger": False, "lemon_protocol": 1},
+    }
+
+
 class LemonKernelSpecManager(KernelSpecManager):
     """Serves the ``lemon-python`` spec for one interpreter; other names as usual."""
 
@@ -47,14 +65,10 @@ class LemonKernelSpecManager(KernelSpecManager):
             return super().get_kernel_spec(kernel_name)
         if not self.interpreter:
             raise NoSuchKernel(kernel_name)
-        return KernelSpec(
-            argv=[self.interpreter, "-m", "lemon_exec.kernel", "-f", "{connection_file}"],
-            display_name="Python 3 (lemon_exec)",
-            language="python",
-            interrupt_mode="signal",
-            env=dict(self.env),
-            metadata=self._metadata(),
-        )
+        spec = kernel_json(self.interpreter)
+        spec["env"] = dict(self.env)
+        spec["metadata"] = self._metadata()
+        return KernelSpec(**spec)
 
     def _metadata(self) -> dict[str, object]:
         metadata: dict[str, object] = {"debugger": False}

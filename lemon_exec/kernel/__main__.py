@@ -1,4 +1,8 @@
-"""Entry point of the lemon-python kernel: ``python -m lemon_exec.kernel -f FILE``."""
+"""Entry point of the lemon-python kernel: ``python -m lemon_exec.kernel -f FILE``.
+
+``python -m lemon_exec.kernel install [--user|--sys-prefix|--prefix P]`` installs its
+kernelspec (see :mod:`lemon_exec.cli.kernelspec`).
+"""
 
 import os
 import sys
@@ -6,7 +10,12 @@ import sys
 from lemon_exec.kernel.lean import skip_optional_modules
 from lemon_exec.kernel.supervise import connection_file_arg, supervise_kernel
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:2] == ["install"]:
+    # Not ipykernel's install (a plain ipykernel spec): lemon-python run by this Python.
+    from lemon_exec.cli.kernelspec import main as install
+
+    sys.exit(install(sys.argv[2:]))
+elif __name__ == "__main__":
     # jupyter_client names the launching process here. Our parent watch replaces
     # ipykernel's (it polls once a second and exits without killing the kernel's
     # descendants), which reads this variable when ipykernel is imported.
