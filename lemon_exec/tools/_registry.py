@@ -129,7 +129,7 @@ def _is_identifier(name: object) -> bool:
 def default_registry() -> ToolRegistry:
     """A new registry holding the five default tools: read, grep, find, ls, webfetch."""
     # Imported here so that importing the registry alone stays cheap (webfetch pulls urllib
-    # and html2text).
+    # and markdownify).
     from . import _find, _grep, _ls, _read, _webfetch
 
     registry = ToolRegistry()

@@ -1,7 +1,7 @@
 """``webfetch(url, extract_mode='markdown', max_chars=None)``: an HTTP(S) page as text.
 
-Uses the stdlib :mod:`urllib.request` on a thread lane of its own and :mod:`html2text` for
-HTML. Proxies come from the usual environment variables only.
+Uses the stdlib :mod:`urllib.request` on a thread lane of its own and :mod:`markdownify`
+(MIT, on BeautifulSoup) for HTML. Proxies come from the usual environment variables only.
 
 The deadline is total (connect, headers and body), not per socket read: a server that drips
 one byte a second cannot stretch a fetch. When the deadline passes, or the call is cancelled,
@@ -402,14 +402,49 @@ def _charset(headers: Message, body: bytes, is_html: bool) -> str:
         return "utf-8"
 
 
-def _html_to_text(html: str, url: str, mode: str) -> str:
-    import html2text  # imported lazily: only webfetch needs it
+# Elements whose content is never page text.
+_DROPPED_TAGS = ("head", "script", "style", "noscript", "template")
+# What extract_mode='text' leaves out: links and images, and the marks of emphasis.
+_TEXT_MODE_STRIPPED = ("a", "img", "em", "i", "strong", "b", "del", "s", "strike")
 
-    converter = html2text.HTML2Text(baseurl=url, bodywidth=0)
-    converter.unicode_snob = True  # keep "é" rather than ASCII stand-ins
+
+def _html_to_text(html: str, url: str, mode: str) -> str:
+    # Imported lazily: only webfetch needs them.
+    from bs4 import BeautifulSoup
+    from markdownify import ATX, UNDERSCORE, MarkdownConverter
+
+    soup = BeautifulSoup(html, "html.parser")
+    for element in soup.find_all(_DROPPED_TAGS):
+        element.decompose()
     if mode == "text":
-        converter.ignore_links = True
-        converter.ignore_images = True
-        converter.ignore_emphasis = True
-    text = converter.handle(html)
+        converter = MarkdownConverter(
+            heading_style=ATX,
+            strip=list(_TEXT_MODE_STRIPPED),
+            escape_asterisks=False,
+            escape_underscores=False,
+            escape_misc=False,
+        )
+    else:
+        # Links and images absolute against the page's (final) URL, as a reader needs them.
+        for attr, tag in (("href", "a"), ("src", "img")):
+            for element in soup.find_all(tag, attrs={attr: True}):
+                element[attr] = urllib.parse.urljoin(url, str(element[attr]))
+        converter = MarkdownConverter(
+            heading_style=ATX,
+            strong_em_symbol=UNDERSCORE,  # _em_, __strong__
+            escape_underscores=False,  # snake_case stays readable; intraword _ is literal
+            code_language_callback=_code_language,
+        )
+    text = converter.convert_soup(soup)
+    text = re.sub(r"[ \t]+\n", "\n", text)  # markdownify leaves trailing blanks
     return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
+
+
+def _code_language(pre: Any) -> str | None:
+    """The language of a ``<pre>`` block from a ``language-x`` class (on it or its ``<code>``)."""
+    for element in (pre, pre.find("code")):
+        classes = element.get("class") if element is not None else None
+        for name in classes or ():
+            if name.startswith(("language-", "lang-")):
+                return str(name.split("-", 1)[1])
+    return None

@@ -1,0 +1,57 @@
+"""The built wheel: MIT licence file, py.typed, the kernelspec, no GPL dependency."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from email.parser import HeaderParser
+from pathlib import Path
+
+import pytest
+
+import lemon_exec
+
+REPO = Path(lemon_exec.__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> zipfile.ZipFile:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--wheel-dir", str(out), str(REPO)],
+        check=True, capture_output=True, timeout=110,
+    )  # fmt: skip
+    (built,) = out.glob("lemon_exec-*.whl")
+    return zipfile.ZipFile(built)
+
+
+def _metadata(wheel: zipfile.ZipFile) -> list[tuple[str, str]]:
+    (name,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+    return HeaderParser().parsestr(wheel.read(name).decode()).items()
+
+
+def test_wheel_ships_the_mit_licence_and_py_typed(wheel: zipfile.ZipFile) -> None:
+    names = wheel.namelist()
+    assert "lemon_exec/py.typed" in names
+    (licence,) = [n for n in names if n.endswith(".dist-info/licenses/LICENSE")]
+    text = wheel.read(licence).decode()
+    assert text.startswith("MIT License\n")
+    assert "Copyright (c) 2026 the lemon_exec authors" in text
+    metadata = _metadata(wheel)
+    assert ("License-Expression", "MIT") in metadata
+    assert any(n.endswith("data/share/jupyter/kernels/lemon-python/kernel.json") for n in names)
+
+
+def test_runtime_dependencies_have_no_gpl_converter(wheel: zipfile.ZipFile) -> None:
+    # html2text is GPL-3.0-or-later; webfetch converts HTML with markdownify (MIT).
+    runtime = [
+        value.split(";")[0].strip()
+        for key, value in _metadata(wheel)
+        if key == "Requires-Dist" and "extra ==" not in value
+    ]
+    assert not [r for r in runtime if r.lower().startswith("html2text")]
+    assert any(r.startswith("markdownify") for r in runtime)
