@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from traitlets import Bool, Integer, List, Unicode, validate
+from traitlets import Bool, HasTraits, Integer, List, TraitType, Unicode, validate
 from traitlets.config import Configurable
 
 from lemon_exec.errors import ConfigError, InterpreterError
@@ -100,113 +100,150 @@ _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 _PYTHON_HINT = "set python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to"
 
 
+class _Coerced(TraitType):  # type: ignore[misc]
+    """Converts an assigned value with the loader's rules (:func:`_coerce`) before checking.
+
+    So ``ExecuteCodeConfig(timeout_ms=2.9)`` or ``config.kernel_mode = True`` mean exactly
+    what the same value means in TOML or the environment, never a ``TraitError``: a value
+    those rules cannot use is ignored with a warning and the value in force stays.
+    """
+
+    def validate(self, obj: HasTraits, value: Any) -> Any:
+        parsed = _coerce(self.name, value)
+        if parsed is _INVALID:
+            logger.warning("execute_code: ignoring unusable value %r for %s", value, self.name)
+            if self.name in obj._trait_values:
+                return obj._trait_values[self.name]
+            parsed = self.default()
+        return super().validate(obj, parsed)
+
+
+class _Bool(_Coerced, Bool):  # type: ignore[misc]
+    pass
+
+
+class _Int(_Coerced, Integer):  # type: ignore[misc]
+    pass
+
+
+class _Str(_Coerced, Unicode):  # type: ignore[misc]
+    pass
+
+
+class _List(_Coerced, List):  # type: ignore[misc]
+    def set(self, obj: HasTraits, value: Any) -> None:
+        # List.set wraps a lone string in a list; the loader splits it on commas instead.
+        super().set(obj, _coerce(self.name, value) if isinstance(value, str) else value)
+
+
 class ExecuteCodeConfig(Configurable):
     """Validated settings of the execute_code tool.
 
     Construct directly (``ExecuteCodeConfig(timeout_ms=5000)``) or, for the layered
-    TOML/environment/override lookup, with :meth:`load`. Limits set either way are clamped
-    to at least 1; ``kernel_mode`` is normalised to ``"session"`` or ``"per_call"``.
+    TOML/environment/override lookup, with :meth:`load`. A value set either way goes through
+    the same conversion and clamping rules (``"2.9"``, ``2.9`` -> 2 -> clamped to at least 1;
+    ``kernel_mode=True`` -> ``"per_call"``); one they cannot use is ignored with a warning.
     """
 
-    enabled = Bool(
+    enabled = _Bool(
         False,
         help="Whether the execute_code tool is offered at all. Front ends may default it on "
         "(see ExecuteCodeConfig.load(default_enabled=...)).",
     ).tag(config=True)
 
-    python_path = Unicode(
+    python_path = _Str(
         "",
         help="Python interpreter that runs the kernels (it needs ipykernel). Blank means "
         "python3 found on PATH; a relative path is resolved against the working directory.",
     ).tag(config=True)
 
-    timeout_ms = Integer(
+    timeout_ms = _Int(
         120_000,
         help="Wall-clock limit of one run, in milliseconds (a call's timeout_ms may lower it).",
     ).tag(config=True)
 
-    max_rpc_calls = Integer(
+    max_rpc_calls = _Int(
         100,
         help="Most helper (host-tool) calls one run may make.",
     ).tag(config=True)
 
-    max_rpc_result_bytes = Integer(
+    max_rpc_result_bytes = _Int(
         5_242_880,
         help="Most bytes of helper results one run may receive.",
     ).tag(config=True)
 
-    max_output_bytes = Integer(
+    max_output_bytes = _Int(
         50_000,
         help="Most bytes of printed output returned per run; longer output loses its middle "
         "and is saved to a spill file (up to max_spill_bytes).",
     ).tag(config=True)
 
-    max_spill_bytes = Integer(
+    max_spill_bytes = _Int(
         64 * 2**20,
         help="Most bytes of one run's output saved to its spill file (default 64 MiB); "
         "output past it is counted but not stored, and the result says the file is capped.",
     ).tag(config=True)
 
-    max_text_bytes = Integer(
+    max_text_bytes = _Int(
         65_536,
         help="Most bytes of text() blocks (the script's result) per run.",
     ).tag(config=True)
 
-    max_parallel_rpc = Integer(
+    max_parallel_rpc = _Int(
         4,
         help="Most helper calls one run may have in flight at once.",
     ).tag(config=True)
 
-    tools = List(
+    tools = _List(
         Unicode(),
         default_value=[],
         help="Narrows the helper allowlist (read, grep, find, ls, webfetch). Empty means the "
         "full allowlist; unknown names are dropped; a list of only unknown names allows none.",
     ).tag(config=True)
 
-    kernel_mode = Unicode(
+    kernel_mode = _Str(
         "per_call",
         help='"session" keeps one kernel per session; any other value means "per_call", a '
         "fresh kernel for every call.",
     ).tag(config=True)
 
-    kernel_idle_timeout_ms = Integer(
+    kernel_idle_timeout_ms = _Int(
         1_800_000,
         help="A session kernel idle for this many milliseconds is shut down.",
     ).tag(config=True)
 
-    max_live_kernels = Integer(
+    max_live_kernels = _Int(
         16,
         help="Most session kernels alive at once (a strict cap; starting kernels count). "
         "Admission evicts the least recently used idle one; if none is idle the call runs "
         "isolated (fallback_reason capacity_exhausted). Per-call kernels are not counted.",
     ).tag(config=True)
 
-    max_queued_cells_per_kernel = Integer(
+    max_queued_cells_per_kernel = _Int(
         8,
         help="Most calls waiting for one session kernel; further calls are refused.",
     ).tag(config=True)
 
-    warm_kernels = Integer(
+    warm_kernels = _Int(
         1,
         help="Per-call kernels started ahead of time so a call need not wait for startup; "
         "0 disables warm spares; at most 8 (larger values are clamped).",
     ).tag(config=True)
 
-    fork_server = Bool(
+    fork_server = _Bool(
         True,
         help="Start kernels by forking a template process that has already imported the "
         "kernel's modules (about 4x cheaper than a fresh interpreter). Off: every kernel is "
         "a new process launched by jupyter_client.",
     ).tag(config=True)
 
-    max_concurrent_per_call = Integer(
+    max_concurrent_per_call = _Int(
         0,
         help="Most per-call runs (kernels) at once; further calls wait in a bounded queue. "
         "0 means automatic: max(2, min(4 x CPU cores, 8 x available memory in GiB)).",
     ).tag(config=True)
 
-    max_queued_per_call = Integer(
+    max_queued_per_call = _Int(
         64,
         help="Most per-call runs waiting for a free slot; further calls get a busy result at "
         "once. The wait counts against the call's timeout. 0: no queue.",
@@ -225,6 +262,13 @@ class ExecuteCodeConfig(Configurable):
     @validate("max_concurrent_per_call", "max_queued_per_call")
     def _clamp_non_negative(self, proposal: Any) -> int:
         return max(0, int(proposal["value"]))
+
+    @validate("tools")
+    def _check_tools(self, proposal: Any) -> list[str]:
+        unknown = [name for name in proposal["value"] if name not in HELPER_ALLOWLIST]
+        if unknown:
+            logger.warning("execute_code: dropping unknown tool name(s): %s", ", ".join(unknown))
+        return list(proposal["value"])
 
     @validate("kernel_mode")
     def _normalise_mode(self, proposal: Any) -> str:
@@ -444,8 +488,12 @@ def _coerce(key: str, raw: Any) -> Any:
     if key == "tools":
         return _coerce_tools(raw)
     if key == "kernel_mode":
-        # Only the exact string "session" selects session mode; anything else is per_call.
-        return raw if isinstance(raw, str) else "per_call"
+        # Only the exact string "session" selects session mode; anything else is per_call
+        # (a string other than "per_call" is warned about where the trait normalises it).
+        if not isinstance(raw, str):
+            logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", raw)
+            return "per_call"
+        return raw
     return _coerce_int(raw)
 
 
@@ -489,8 +537,5 @@ def _coerce_tools(raw: Any) -> Any:
         items = list(raw)
     else:
         return _INVALID
-    names = [item.strip() for item in items if isinstance(item, str) and item.strip()]
-    unknown = [name for name in names if name not in HELPER_ALLOWLIST]
-    if unknown:
-        logger.warning("execute_code: dropping unknown tool name(s): %s", ", ".join(unknown))
-    return names
+    # Unknown names are kept here and warned about (once) when the setting is assigned.
+    return [item.strip() for item in items if isinstance(item, str) and item.strip()]

@@ -170,6 +170,10 @@ class ExecuteCode:
             engine = self._ensure_engine()
             engine.ensure_staging()  # a script may have deleted it: made again, or refused
         except RefusedError as exc:  # the private staging root could not be made
+            if mode == "session":  # the spec's pre-start fallback; per-call fails closed too
+                details |= {"fallback_reason": "startup_failed", "kernel_reused": False}
+                details |= {"startup_failed": True, "startup_error": "staging"}
+                self.telemetry.emit("session.fallback", {}, {"reason": "startup_failed"})
             return refusal(str(exc), details)
         call = Call(
             script=script,

@@ -111,7 +111,7 @@ def test_modes_hold_under_a_permissive_umask(tmp_path: Path) -> None:
 
 
 def test_default_base_is_the_temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # read each time, not tempfile's cached dir
     with StagingRoot.create() as created:
         assert created.path.parent == tmp_path
 

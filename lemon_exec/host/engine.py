@@ -31,6 +31,7 @@ from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.pool import KernelPool
 from lemon_exec.host.staging import StagingRoot
+from lemon_exec.host.staging import staging_base as staging_dir
 from lemon_exec.kernel.protocol import MANAGED_ENV
 from lemon_exec.result import ExecuteCodeResult, build_result, refusal
 from lemon_exec.telemetry import Telemetry
@@ -43,6 +44,8 @@ _SPILL_REAP_INTERVAL_S = 3600.0
 _FORK_SERVER_RETRY_S = 60.0
 #: Fork-server ids are keys of a process-wide registry: unique across engines.
 _SERVER_IDS = itertools.count(1)
+#: Most fork-server templates kept after an environment change made them stale.
+_MAX_RETIRED_FORK_SERVERS = 2
 #: A spare's empty warm-up cell must finish within this many seconds.
 _WARM_CELL_TIMEOUT_S = 10.0
 
@@ -73,9 +76,15 @@ class Engine:
         self.tool_host = tool_host
         self.telemetry = telemetry
         hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
+        staging_base = staging_dir(staging_base)  # $TMPDIR, validated: never a fallback
         self.staging = StagingRoot.create(staging_base)
         self._pypath = kernel_pythonpath(self.staging.path / "pypath")
-        self.pool = KernelPool(self._start_cold, config.warm_kernels, start_spare=self._start_spare)
+        self.pool = KernelPool(
+            self._start_cold,
+            config.warm_kernels,
+            start_spare=self._start_spare,
+            discard=lambda k: self.discard(k, reason="stale_env", mode="per_call", cells_run=0),
+        )
         self.admission = Admission(
             config.max_concurrent_per_call or default_limit(), config.max_queued_per_call
         )
@@ -88,6 +97,11 @@ class Engine:
         self._closed = False
         self._reap_handle: asyncio.TimerHandle | None = None
         self._forkservers: dict[str, ForkServer] = {}
+        #: The startup variables (see _startup_env) each fork server was started with.
+        self._forkserver_env: dict[str, dict[str, str]] = {}
+        #: Templates replaced after the environment changed: kernels they forked (spares,
+        #: session kernels) still run under them, so they stay until the engine closes.
+        self._retired: list[ForkServer] = []
         self._reap_spills()
         hygiene.register(self)
 
@@ -106,7 +120,7 @@ class Engine:
         """Exit-time cleanup without a loop: kill every kernel, remove the staging root."""
         for kernel in list(self._live) + self.pool.all_spares():
             kernel.kill_sync()
-        for server in self._forkservers.values():
+        for server in [*self._forkservers.values(), *self._retired]:
             server.kill_sync()
         self.staging.close()
 
@@ -189,7 +203,19 @@ class Engine:
         """
         if not self.config.fork_server:
             return None
+        env = {**os.environ, **self._kernel_env()}
         server = self._forkservers.get(interpreter)
+        if server is not None and self._forkserver_env.get(interpreter) != _startup_env(env):
+            # A forked kernel gets the current environment, but what the interpreter read at
+            # startup (sys.path from PYTHONPATH, the loader's LD_*, the locale) is the
+            # template's: a template started under other values is retired, never used.
+            # Closing it would kill the kernels it forked, so it waits for the engine's close;
+            # after a few such changes kernels simply start the ordinary way.
+            if len(self._retired) >= _MAX_RETIRED_FORK_SERVERS:
+                return None
+            self._forkservers.pop(interpreter)
+            self._retired.append(server)
+            server = None
         if server is not None and (server.alive or not server.started):
             return server
         if server is not None:  # it died: retire it, and retry at most once a minute
@@ -197,11 +223,9 @@ class Engine:
             if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
                 return None
         server = ForkServer(
-            f"{os.getpid()}-{next(_SERVER_IDS)}",
-            interpreter,
-            {**os.environ, **self._kernel_env()},
-            str(self.staging.work_dir),
+            f"{os.getpid()}-{next(_SERVER_IDS)}", interpreter, env, str(self.staging.work_dir)
         )
+        self._forkserver_env[interpreter] = _startup_env(env)
         self._forkservers[interpreter] = server
         self.spawn(server.start())
         return server
@@ -416,9 +440,11 @@ class Engine:
         await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
         self._live.clear()
         await asyncio.gather(
-            *(s.aclose() for s in self._forkservers.values()), return_exceptions=True
+            *(s.aclose() for s in [*self._forkservers.values(), *self._retired]),
+            return_exceptions=True,
         )
         self._forkservers.clear()
+        self._retired.clear()
         self.index.close()
         if self._reap_handle is not None:
             self._reap_handle.cancel()
@@ -439,6 +465,14 @@ def start_failure(exc: KernelStartError, details: dict[str, Any]) -> ExecuteCode
     else:
         kind = "failed"
     return refusal(str(exc), {**details, "startup_failed": True, "startup_error": kind})
+
+
+#: Variables an interpreter reads when it starts, so a forked kernel keeps its template's.
+_STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG")
+
+
+def _startup_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES)}
 
 
 def _join_path(first: str, rest: str | None) -> str:

@@ -32,6 +32,7 @@ from jupyter_client import AsyncKernelClient, AsyncKernelManager
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
 from lemon_exec.host import hygiene
+from lemon_exec.host.connfile import PrivateKernelManager
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.output import format_size
@@ -111,7 +112,7 @@ class ManagedKernel:
         spec_manager = LemonKernelSpecManager(
             interpreter=interpreter, env=env or {}, fork_server_id=fork_server_id
         )
-        km = AsyncKernelManager(
+        km = PrivateKernelManager(
             context=shared_context(),
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=spec_manager,

@@ -3,6 +3,12 @@
 A cold kernel start costs ~50x a bare ``python3`` start, so per-call mode claims a spare
 that is already running and refills in the background. A claimed kernel is never returned
 to the pool; a spare that died is replaced, never handed out.
+
+A spare inherited the host's environment when it started, so each remembers a snapshot of
+``os.environ`` from then; one whose snapshot differs from ``os.environ`` at claim (the host
+set, changed or removed a variable meanwhile) is stale and discarded, never handed out.
+Comparing the two dicts costs a few microseconds per claim; a discard costs a cold start
+for that one call.
 """
 
 from __future__ import annotations
@@ -10,24 +16,48 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from lemon_exec.host.kernel import ManagedKernel
 
 log = logging.getLogger(__name__)
 
 Starter = Callable[[str], Awaitable[ManagedKernel]]
+Discarder = Callable[[ManagedKernel], None]
+
+
+@dataclass(frozen=True)
+class _Spare:
+    kernel: ManagedKernel
+    #: ``os.environ`` when the kernel started; None if it changed while the kernel started.
+    environ: dict[str, str] | None
+
+    def current(self) -> bool:
+        return self.environ is not None and self.environ == os.environ
 
 
 class KernelPool:
     """Keeps up to ``size`` ready spares per interpreter."""
 
-    def __init__(self, start: Starter, size: int, *, start_spare: Starter | None = None) -> None:
+    def __init__(
+        self,
+        start: Starter,
+        size: int,
+        *,
+        start_spare: Starter | None = None,
+        discard: Discarder | None = None,
+    ) -> None:
         self._start = start  # a kernel a caller is waiting for
         self._start_spare = start_spare or start  # a spare: may prepare itself further
+        self._discard = discard  # stops a live spare that may not be used (default: kill)
         self.size = max(0, size)
-        self._spares: dict[str, list[ManagedKernel]] = {}
+        self._spares: dict[str, list[_Spare]] = {}
+        self._killing: set[asyncio.Task[None]] = set()
+        #: Spares discarded at claim because the host's environment had changed.
+        self.stale_discarded = 0
         self._filling: dict[str, asyncio.Task[None]] = {}
         self._closed = False
 
@@ -35,11 +65,15 @@ class KernelPool:
         """A ready kernel for ``interpreter`` and where it came from ("spare" or "cold")."""
         spares = self._spares.get(interpreter, [])
         while spares:
-            kernel = spares.pop(0)
-            if await kernel.is_alive():
+            spare = spares.pop(0)
+            if not spare.current():
+                self.stale_discarded += 1
+                self._drop(spare.kernel)  # off the hot path; replaced by the refill below
+                continue
+            if await spare.kernel.is_alive():
                 self.refill(interpreter)
-                return kernel, "spare"
-            await kernel.kill()  # died while waiting: replaced below, never handed out
+                return spare.kernel, "spare"
+            await spare.kernel.kill()  # died while waiting: replaced below, never handed out
         kernel = await self._start(interpreter)
         self.refill(interpreter)  # no-op while a fill is already running
         return kernel, "cold"
@@ -56,6 +90,7 @@ class KernelPool:
         spares = self._spares.setdefault(interpreter, [])
         while not self._closed and len(spares) < self.size:
             started = time.monotonic()
+            before = dict(os.environ)
             try:
                 kernel = await self._start_spare(interpreter)
             except Exception:
@@ -64,11 +99,20 @@ class KernelPool:
             if self._closed:
                 await kernel.kill()
                 return
-            spares.append(kernel)
+            # Which environment the kernel got is known only if it did not change meanwhile.
+            spares.append(_Spare(kernel, before if before == os.environ else None))
             log.debug("spare ready in %.0f ms", (time.monotonic() - started) * 1000)
 
+    def _drop(self, kernel: ManagedKernel) -> None:
+        if self._discard is not None:
+            self._discard(kernel)
+            return
+        task = asyncio.get_running_loop().create_task(kernel.kill())
+        self._killing.add(task)
+        task.add_done_callback(self._killing.discard)
+
     def all_spares(self) -> list[ManagedKernel]:
-        return [k for group in self._spares.values() for k in group]
+        return [s.kernel for group in self._spares.values() for s in group]
 
     @property
     def spare_count(self) -> int:
@@ -81,6 +125,7 @@ class KernelPool:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        spares = [k for group in self._spares.values() for k in group]
+        spares = self.all_spares()
         self._spares.clear()
         await asyncio.gather(*(k.kill() for k in spares), return_exceptions=True)
+        await asyncio.gather(*list(self._killing), return_exceptions=True)

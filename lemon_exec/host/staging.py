@@ -41,6 +41,7 @@ __all__ = [
     "OWNER_MARKER",
     "StagingRoot",
     "remove_tree",
+    "staging_base",
     "sweep_stale_roots",
     "write_private_file",
 ]
@@ -70,11 +71,53 @@ def _refuse(reason: str) -> RefusedError:
     return RefusedError(f"execute_code: could not create a private workspace: {reason}")
 
 
-def _check_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
+def staging_base(base: Path | str | None = None) -> Path:
+    """The directory staging roots go in: ``base``, else ``$TMPDIR``, else ``/tmp``; validated.
+
+    Read from the environment on every call, never through :func:`tempfile.gettempdir`: that
+    caches its answer and, when ``TMPDIR`` is unusable, silently falls back to other
+    directories (``/tmp``, ``/var/tmp``, the working directory). Here an unusable directory
+    fails closed with a ``RefusedError`` naming it (and ``TMPDIR`` when it came from there).
+    A symlink is followed and its target validated; the resolved path is returned, so a later
+    swap of the link changes nothing. An empty ``TMPDIR`` counts as unset, as in ``tempfile``.
+    """
+    if base is not None:
+        return _check_base(Path(base), f"the staging base {base}")
+    tmpdir = os.environ.get("TMPDIR", "")
+    if not tmpdir:
+        return _check_base(Path("/tmp"), "/tmp (TMPDIR is unset)")
+    return _check_base(Path(os.path.abspath(tmpdir)), f"TMPDIR={tmpdir}")
+
+
+def _check_base(path: Path, name: str) -> Path:
+    """``path`` resolved, if it is a directory we may safely create private roots in."""
+    fix = "; set TMPDIR to a writable directory on a local filesystem"
+    try:
+        resolved = Path(os.path.realpath(path))
+        st = os.stat(resolved)
+    except FileNotFoundError:
+        raise _refuse(f"{name} does not exist{fix}") from None
+    except OSError as exc:
+        raise _refuse(f"{name} cannot be used ({exc.strerror or exc}){fix}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(f"{name} is not a directory{fix}")
+    if not os.access(resolved, os.W_OK | os.X_OK):
+        raise _refuse(f"{name} is not writable{fix}")
+    mode = stat.S_IMODE(st.st_mode)
+    # Others who can write here (or own it) can rename or replace our root in it; /tmp is
+    # safe only thanks to the sticky bit and root ownership.
+    if st.st_uid not in (0, os.getuid()):
+        raise _refuse(f"{name} is owned by uid {st.st_uid}, neither us nor root{fix}")
+    if mode & 0o022 and not mode & stat.S_ISVTX:
+        raise _refuse(f"{name} is writable by other users and lacks the sticky bit{fix}")
+    return resolved
+
+
+def _check_private_dir(path: Path) -> None:
     """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700.
 
-    ``sticky_ok``: also accept 01700 (jupyter_client sets the sticky bit on its runtime
-    directory; it restricts, never widens, access).
+    ``runtime/`` included: jupyter_client would add the sticky bit to the directory of a
+    connection file it writes, so :mod:`lemon_exec.host.connfile` writes them instead.
     """
     try:
         st = os.lstat(path)
@@ -87,11 +130,11 @@ def _check_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
     if st.st_uid != os.getuid():
         raise _refuse(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}")
     mode = stat.S_IMODE(st.st_mode)
-    if (mode & ~stat.S_ISVTX if sticky_ok else mode) != 0o700:
+    if mode != 0o700:
         raise _refuse(f"{path} has mode {mode:04o}, not 0700")
 
 
-def _ensure_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
+def _ensure_private_dir(path: Path) -> None:
     """Create ``path`` (0700) if it is missing; then :func:`_check_private_dir` it."""
     try:
         os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
@@ -99,7 +142,7 @@ def _ensure_private_dir(path: Path, *, sticky_ok: bool = False) -> None:
         pass
     except OSError as exc:
         raise _refuse(f"cannot create {path}: {exc.strerror or exc}") from None
-    _check_private_dir(path, sticky_ok=sticky_ok)
+    _check_private_dir(path)
 
 
 def write_private_file(directory: Path, name: str, data: bytes | str) -> Path:
@@ -425,12 +468,13 @@ class StagingRoot:
 
     @classmethod
     def create(cls, base: Path | str | None = None) -> StagingRoot:
-        """Make and validate a new root under ``base`` (default: the system temp directory).
+        """Make and validate a new root under ``base`` (default: ``$TMPDIR``, else ``/tmp``).
 
         Stale roots of dead processes in ``base`` are swept first (best effort). Raises
-        ``RefusedError`` when the root cannot be made private.
+        ``RefusedError`` when ``base`` is unusable (see :func:`staging_base`; never a fallback
+        to another directory) or the root cannot be made private.
         """
-        base_path = Path(base) if base is not None else Path(tempfile.gettempdir())
+        base_path = staging_base(base)
         try:
             sweep_stale_roots(base_path)
         except Exception as exc:  # sweeping is housekeeping; it must not block startup
@@ -496,9 +540,8 @@ class StagingRoot:
         """
         if self._closed:
             raise _refuse(f"{self._path} is closed")
-        for directory in (self._path, self.spill_dir, self.work_dir):
+        for directory in (self._path, self.runtime_dir, self.spill_dir, self.work_dir):
             _ensure_private_dir(directory)
-        _ensure_private_dir(self.runtime_dir, sticky_ok=True)
         marker = self._path / OWNER_MARKER
         try:
             os.lstat(marker)
