@@ -70,6 +70,9 @@ def headline(cell: CellResult, timeout_ms: int) -> str | None:
         return "Script cancelled."
     if cell.end == "crashed":
         return f"Script exited with code {cell.exit_code if cell.exit_code is not None else -1}"
+    if cell.end == "protocol_fault":
+        why = cell.extra.get("protocol_fault") or "a message from the kernel was invalid"
+        return f"Script ended: protocol fault ({why}); the kernel was discarded."
     return None
 
 
@@ -123,7 +126,12 @@ def build_result(
         "notifications": cell.stats.notifications,
         **cell.stats.details(),
     }
-    flag = {"timeout": "timed_out", "cancelled": "cancelled", "crashed": "crashed"}.get(cell.end)
+    flag = {
+        "timeout": "timed_out",
+        "cancelled": "cancelled",
+        "crashed": "crashed",
+        "protocol_fault": "protocol_fault",
+    }.get(cell.end)
     if flag is not None:
         details[flag] = True
     if cell.output.spill_path is not None:
@@ -146,7 +154,7 @@ def _exit_code(cell: CellResult) -> int | None:
         return 0
     if cell.end in ("exit", "exception", "crashed"):
         return cell.exit_code
-    return None  # timeout / cancelled: the script never finished
+    return None  # timeout / cancelled / protocol fault: the script never finished
 
 
 def refusal(message: str, details: dict[str, Any]) -> ExecuteCodeResult:

@@ -3,7 +3,9 @@
 Output, text blocks, notifications and helper calls are all handled as they arrive (the
 kernel's IOPub reader calls :class:`_CellSink`), while a watchdog waits for the end: the
 execute reply *and* IOPub idle, the deadline, an abort, or the kernel's death (polled, so a
-dead kernel is noticed within about 100 ms and never waited on).
+dead kernel is noticed within about 100 ms and never waited on), or a protocol fault (a
+message that failed its signature check or was malformed: the cell ends at once, and the
+kernel is not trusted again).
 
 The deadline does not wait for output to drain: the kernel's readers yield to the event loop
 after every message, and after a timeout or abort the cell is reported at most
@@ -62,7 +64,11 @@ class CellRequest:
 
 @dataclass
 class CellResult:
-    """How a cell ended. ``end`` is one of ok, exit, exception, timeout, cancelled, crashed."""
+    """How a cell ended.
+
+    ``end`` is one of ok, exit, exception, timeout, cancelled, crashed, protocol_fault (then
+    ``extra["protocol_fault"]`` says what was wrong).
+    """
 
     end: str
     output: CapturedOutput
@@ -89,6 +95,7 @@ class _CellSink:
         self.reply: dict[str, Any] | None = None
         self.idle = False
         self.done = asyncio.get_running_loop().create_future()
+        self.fault: str | None = None  # the first protocol fault while the cell ran
         self._gaps: set[str] = set()  # channels that lost messages during this cell
         self._settle: asyncio.TimerHandle | None = None
 
@@ -117,6 +124,12 @@ class _CellSink:
         self.capture.add_note(note)
         self._gaps.add(channel)
         self._check_done()
+
+    def on_protocol_fault(self, channel: str, reason: str) -> None:
+        # One invalid message is enough: nothing the kernel says can be trusted any more.
+        if self.fault is None:
+            self.fault = reason
+        self._finish()
 
     def _check_done(self) -> None:
         if self.done.done():
@@ -167,10 +180,11 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
             **({"env": request.env} if request.env else {}),
         }
     }
-    msg_id = kernel.execute(request.code, metadata, sink)
+    # A kernel that already broke the protocol (while idle) never runs another cell.
+    msg_id = None if kernel.fault else kernel.execute(request.code, metadata, sink)
     end = "ok"
     try:
-        end = await _watch(kernel, sink, request)
+        end = "protocol_fault" if msg_id is None else await _watch(kernel, sink, request)
         if end in ("timeout", "cancelled"):
             await _interrupt(kernel, sink)
     except asyncio.CancelledError:
@@ -180,7 +194,8 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
         raise
     finally:
         sink.close()
-        kernel.release(msg_id)
+        if msg_id is not None:
+            kernel.release(msg_id)
         await bridge.aclose()
         output = capture.finish()
     result = CellResult(
@@ -190,7 +205,11 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
         stats=bridge.stats,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
-    if end == "ok":
+    if end == "ok" and kernel.fault:  # the cell's own messages were fine, a stray one was not
+        end = result.end = "protocol_fault"
+    if end == "protocol_fault":
+        result.extra["protocol_fault"] = sink.fault or kernel.fault
+    elif end == "ok":
         _apply_reply(result, sink.reply or {})
     elif end == "crashed":
         result.exit_code = await kernel.exit_status()
@@ -213,15 +232,19 @@ async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -
                 return_when=asyncio.FIRST_COMPLETED,
             )
             if sink.done.done():
-                return "ok"
+                return _ended(sink)
             if any(a.is_set() for a in request.aborts):
                 return "cancelled"
             if not await kernel.is_alive():
                 await asyncio.sleep(_DEATH_DRAIN_S)  # let messages sent just before arrive
-                return "ok" if sink.done.done() else "crashed"
+                return _ended(sink) if sink.done.done() else "crashed"
     finally:
         for waiter in abort_waits:
             waiter.cancel()
+
+
+def _ended(sink: _CellSink) -> str:
+    return "ok" if sink.fault is None else "protocol_fault"
 
 
 async def _interrupt(kernel: ManagedKernel, sink: _CellSink) -> None:

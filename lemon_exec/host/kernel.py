@@ -8,7 +8,13 @@ attached to the same kernel with their own client never leaks into an agent's re
 Host memory does not depend on the kernel's good behaviour: no frame over
 :data:`MAX_MESSAGE_BYTES` is ever buffered (zmq's MAXMSGSIZE closes the connection when one
 announces itself; a watcher reconnects the channel at once and tells the running cells), and a
-multi-frame message whose total is over the limit is dropped before it is decoded.
+multi-frame message whose total is over the limit is dropped before it is decoded. The
+kernel keeps to the same limit itself (it publishes a short note instead of a larger message;
+see :mod:`lemon_exec.kernel.limits`), so this is only a backstop.
+
+A message that fails its signature check, or is not a Jupyter message at all, is a protocol
+fault: the kernel is no longer trusted. The running cell hears of it at once and ends (and
+the kernel is discarded); a fault while no cell runs is remembered in :attr:`fault`.
 """
 
 from __future__ import annotations
@@ -37,15 +43,11 @@ from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.output import format_size
 from lemon_exec.kernel import protocol
+from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 _LIVENESS_POLL_S = 0.1
-
-#: Largest message (any one frame, and all frames together) the host accepts from a kernel.
-#: Legitimate traffic stays far below: stream output comes in 64 KiB chunks, bridge frames
-#: are at most 256 KiB.
-MAX_MESSAGE_BYTES = 32 * 2**20
 
 #: After a channel's connection drops, how long to wait before asking whether the kernel is
 #: still alive (a dying kernel's sockets close a moment before its process is reaped).
@@ -61,6 +63,10 @@ class MessageSink(Protocol):
 
     def on_dropped(self, channel: str, note: str) -> None:
         """A message on ``channel`` was refused (too large), perhaps with others around it."""
+        ...
+
+    def on_protocol_fault(self, channel: str, reason: str) -> None:
+        """A message on ``channel`` failed its signature check or was malformed."""
         ...
 
 
@@ -90,6 +96,10 @@ class ManagedKernel:
             asyncio.get_running_loop().create_future()
         )
         self._disposed = False
+        #: Why the kernel is no longer trusted (the first protocol fault), or None.
+        self.fault: str | None = None
+        #: How many messages failed their signature check or were malformed.
+        self.invalid_messages = 0
         #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
         self.interrupted_at: float | None = None
         self.status = KernelStatus(kernel_id, "per_call", "starting", km.connection_file)
@@ -315,8 +325,8 @@ class ManagedKernel:
             else:
                 try:
                     msg = protocol.unpack_signed(session, frames)
-                except Exception:  # a malformed or badly signed message: drop it, keep reading
-                    log.debug("dropped an undecodable kernel message", exc_info=True)
+                except Exception as exc:  # badly signed or malformed: a protocol fault
+                    self._faulted(name, _fault_reason(exc))
                 else:
                     try:
                         route(msg)
@@ -355,6 +365,18 @@ class ManagedKernel:
                 sink.on_dropped(channel, note)
             except Exception:
                 log.exception("error reporting a dropped kernel message")
+
+    def _faulted(self, channel: str, reason: str) -> None:
+        """Count an invalid message; the running cells end (the kernel is not trusted)."""
+        self.invalid_messages += 1
+        if self.fault is None:
+            self.fault = reason
+            log.warning("kernel %s: protocol fault on %s: %s", self.kernel_id, channel, reason)
+        for sink in list(self._sinks.values()):
+            try:
+                sink.on_protocol_fault(channel, reason)
+            except Exception:
+                log.exception("error reporting a protocol fault")
 
     def _close_monitors(self) -> None:
         for channel in (self._kc.iopub_channel, self._kc.shell_channel, self._kc.control_channel):
@@ -416,6 +438,13 @@ def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
     if lost_around:
         note += "; output sent while the host reconnected (a few ms) may be missing too"
     return note + "]"
+
+
+def _fault_reason(exc: Exception) -> str:
+    """What was wrong with a message :func:`protocol.unpack_signed` refused."""
+    if "signature" in str(exc):  # unpack_signed's "invalid message signature"
+        return "a message from the kernel failed its signature check"
+    return "a message from the kernel was malformed"
 
 
 def _ignore(_msg: dict[str, Any]) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import sys
+import threading
 from typing import Any
 
 import zmq
@@ -13,6 +17,21 @@ from traitlets import DottedObjectName, Type
 
 from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
+from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
+
+_DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
+
+#: How the note names what was not sent, by message type.
+_KINDS = {
+    "display_data": "display output",
+    "update_display_data": "display output",
+    "execute_result": "result output",
+    "comm_msg": "comm message",
+    "comm_open": "comm message",
+    "comm_close": "comm message",
+    "stream": "stream output",
+    "error": "error report",
+}
 
 
 class LemonKernelApp(IPKernelApp):
@@ -49,10 +68,53 @@ class LemonKernelApp(IPKernelApp):
 
 
 class LocalIOPubThread(IOPubThread):
-    """ipykernel's IOPub thread without the TCP pipe for forked children."""
+    """ipykernel's IOPub thread without the TCP pipe for forked children.
+
+    It also publishes no message over :data:`MAX_MESSAGE_BYTES` (the host would refuse it by
+    dropping its connection, losing neighbouring output too): a short stream note with the
+    same parent takes its place, and everything else goes on normally.
+    """
 
     def __init__(self, socket: Any, pipe: bool = False, session: Any = False) -> None:
         super().__init__(socket, pipe=False, session=session)
+
+    def send_multipart(self, *args: Any, **kwargs: Any) -> None:
+        # Checked in the sending thread, before the message is queued for the IO thread.
+        if args and isinstance(args[0], list | tuple) and self._is_master_process():
+            frames = args[0]
+            size = sum(_nbytes(frame) for frame in frames)
+            if size > MAX_MESSAGE_BYTES:
+                note = self._oversize_note(frames, size)
+                if note is None:
+                    return
+                args = (note, *args[1:])
+        super().send_multipart(*args, **kwargs)
+
+    def _oversize_note(self, frames: Any, size: int) -> list[bytes] | None:
+        """The frames of the stream note that replaces an over-limit message (None: drop)."""
+        session = self.session
+        try:
+            start = next(i for i, f in enumerate(frames) if _is_delimiter(f))
+            header = json.loads(bytes(frames[start + 2]))
+            parent = json.loads(bytes(frames[start + 3]))
+        except (StopIteration, ValueError, IndexError, TypeError):
+            parent, header = None, {}
+        msg_type = str(header.get("msg_type", "")) if isinstance(header, dict) else ""
+        kind = _KINDS.get(msg_type, f"{msg_type or 'a'} message")
+        note = (
+            f"[{kind} of {size / 2**20:.1f} MiB was not sent: over the "
+            f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit]"
+        )
+        if not session or not isinstance(parent, dict):
+            return None  # not a Jupyter message: nobody to address a note to
+        # Output the script printed before comes first, as it would have with the message.
+        if threading.current_thread() is not self.thread:
+            streams = (sys.stdout,) if sys.stderr is sys.stdout else (sys.stdout, sys.stderr)
+            for stream in streams:
+                with contextlib.suppress(Exception):
+                    stream.flush()
+        msg = session.msg("stream", {"name": "stderr", "text": note + "\n"}, parent=parent)
+        return list(session.serialize(msg, ident=b"stream.stderr"))
 
     def _really_send(self, msg: Any, *args: Any, **kwargs: Any) -> None:
         # A forked child must not use its parent's zmq socket (it is not fork-safe); its
@@ -61,6 +123,19 @@ class LocalIOPubThread(IOPubThread):
         if not self._is_master_process():
             return
         super()._really_send(msg, *args, **kwargs)
+
+
+def _is_delimiter(frame: Any) -> bool:
+    return _nbytes(frame) == len(_DELIM) and bytes(frame) == _DELIM
+
+
+def _nbytes(frame: Any) -> int:
+    if isinstance(frame, memoryview):
+        return frame.nbytes
+    try:
+        return len(frame)  # bytes and zmq.Frame
+    except TypeError:
+        return memoryview(frame).nbytes
 
 
 def main() -> None:

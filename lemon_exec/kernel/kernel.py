@@ -20,6 +20,7 @@ from traitlets import Type, default
 
 from lemon_exec.kernel import cells, helpers, protocol, script
 from lemon_exec.kernel.bridge import CellBridge
+from lemon_exec.kernel.forkguard import ForkGuardedSession
 from lemon_exec.kernel.streams import ChunkedStream
 
 #: What a person attached to a managed kernel reads when they type ``exit`` or ``quit``.
@@ -168,7 +169,8 @@ class LemonKernel(IPythonKernel):
         namespace = self.shell.user_ns
         helpers.install(namespace, meta.get("helpers"))
         bridge = CellBridge(
-            session=self.session,
+            # A forked child's frames never reach the host: its helpers fail fast instead.
+            session=ForkGuardedSession(self.session),
             iopub_socket=self.iopub_socket,
             parent=self.get_parent("shell"),
             comm_id=str(meta["comm_id"]),
