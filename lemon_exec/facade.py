@@ -12,7 +12,7 @@ import os
 import stat
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -97,7 +97,10 @@ class ExecuteCode:
         scope: SessionScope | None = None,
         on_update: Callable[[str], None] | None = None,
         abort: AbortSignal | None = None,
+        on_output: Callable[[str], None] | None = None,
         _owner: SessionOwner | None = None,
+        _filename: str = "script.py",
+        _argv: Sequence[str] | None = None,
     ) -> ExecuteCodeResult:
         """Run one script and return its result; script failures are results, not exceptions.
 
@@ -105,11 +108,24 @@ class ExecuteCode:
         with ``fallback_reason: missing_session_scope``); ``on_update`` receives each notify()
         message in order, as the partial update ``notify: <msg>``; ``abort`` (an
         ``asyncio.Event`` or ``threading.Event``) stops the script when set. Cancelling the
-        awaiting task counts as the caller's death.
+        awaiting task counts as the caller's death. ``on_output`` receives the script's
+        printed output (stdout and stderr, merged) live, chunk by chunk, as the kernel sent it;
+        the result holds it all the same. ``_filename`` (the name tracebacks show) and
+        ``_argv`` (``sys.argv`` in the script) serve ``lemon-exec run``.
         """
         entered = time.monotonic()
         result = await self._run(
-            script, entered, timeout_ms, reset, scope, on_update, abort, _owner
+            script,
+            entered,
+            timeout_ms,
+            reset,
+            scope,
+            on_update,
+            abort,
+            _owner,
+            on_output=on_output,
+            filename=_filename,
+            argv=_argv,
         )
         result.details["duration_ms"] = int((time.monotonic() - entered) * 1000)
         self._emit_stop(result)
@@ -125,6 +141,10 @@ class ExecuteCode:
         on_update: Callable[[str], None] | None,
         abort: AbortSignal | None,
         owner: SessionOwner | None,
+        *,
+        on_output: Callable[[str], None] | None = None,
+        filename: str = "script.py",
+        argv: Sequence[str] | None = None,
     ) -> ExecuteCodeResult:
         config = self.config
         mode = config.mode
@@ -184,6 +204,9 @@ class ExecuteCode:
             abort=abort,
             on_update=on_update,
             details=details,
+            on_output=on_output,
+            filename=filename,
+            argv=None if argv is None else tuple(str(a) for a in argv),
         )
         if mode == "session":
             if owner is None and scope is not None and scope.complete:

@@ -1,4 +1,10 @@
-"""``lemon-exec run FILE``: run one script through the execute_code tool and print its result.
+"""``lemon-exec run FILE [-- ARGS]``: run one script through the execute_code tool.
+
+Like ``python FILE``, the script's printed output (stdout and stderr, merged in order) streams
+live to stdout, its tracebacks name FILE, and ``sys.argv`` is ``[FILE, *ARGS]``. When it ends,
+the rest of the tool result follows on stdout: the headline of a failure, notes, and the
+``text()`` blocks (the printed output is not repeated). ``--json`` prints the whole result as
+one JSON object instead, and streams nothing but ``notify()`` lines (on stderr).
 
 Running the command is the user's explicit opt-in, so the tool is enabled unless a config
 file or the environment turns it off explicitly (``ExecuteCodeConfig.load(...,
@@ -19,8 +25,10 @@ import json
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
+from lemon_exec.cli.live import LiveOutput, unstreamed_content
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
@@ -46,8 +54,10 @@ def register(subparsers: Any) -> None:
         description=(
             "Run a Python script in a fresh lemon-python kernel with the execute_code helpers "
             "(read, grep, find, ls, webfetch, text, notify, batch) and print the tool result. "
-            "The script runs in the current directory. execute_code is enabled unless the "
-            "config file or LEMON_EXECUTE_CODE_ENABLED disables it."
+            "The script runs in the current directory; its printed output streams live to "
+            "stdout, and the text() blocks and a failure's headline follow when it ends. "
+            "execute_code is enabled unless the config file or LEMON_EXECUTE_CODE_ENABLED "
+            "disables it."
         ),
         epilog=(
             "exit status: 0 script succeeded, 1 script failed or timed out, "
@@ -55,6 +65,12 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("file", metavar="FILE", help="the script to run, or - to read stdin")
+    parser.add_argument(
+        "script_args",
+        nargs="*",
+        metavar="ARGS",
+        help="arguments for the script, after --: sys.argv is [FILE, ARGS...]",
+    )
     parser.add_argument(
         "--timeout-ms",
         type=int,
@@ -101,8 +117,18 @@ def run_command(args: argparse.Namespace) -> int:
         # own clamp keeps the 1000 ms floor.
         config.timeout_ms = max(timeout_ms, 1000)
 
+    # As `python FILE ARGS` would: sys.argv[0] is FILE as typed, tracebacks name it too.
+    script_args = [a for a in args.script_args]
+    if script_args[:1] == ["--"]:  # argparse keeps a "--" that follows a positional
+        script_args = script_args[1:]
+    source = _SourceName(
+        filename="<stdin>" if args.file == "-" else args.file,
+        argv=(args.file, *script_args),
+    )
+    live = None if args.as_json else LiveOutput(sys.stdout)
+
     try:
-        result, signum = asyncio.run(_run(script, config, timeout_ms))
+        result, signum = asyncio.run(_run(script, config, timeout_ms, source, live))
     except LemonExecError as exc:  # e.g. the private staging directory could not be made
         _error(str(exc))
         return EXIT_USAGE
@@ -112,11 +138,13 @@ def run_command(args: argparse.Namespace) -> int:
         if args.as_json:
             _write(json.dumps(result.to_dict(), ensure_ascii=False, default=str) + "\n")
         elif not refused:
-            _write(result.content if result.content.endswith("\n") else result.content + "\n")
+            assert live is not None
+            live.end_line()
+            rest = unstreamed_content(result, live)
+            if rest:
+                _write(("\n" if live.wrote_any else "") + rest.rstrip("\n") + "\n")
     except BrokenPipeError:
-        # The reader went away (e.g. `| head`); don't let Python complain at exit either.
-        with contextlib.suppress(OSError):
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
     if signum is not None:
         return _SIGNAL_EXIT.get(signum, 128 + int(signum))
     if refused:
@@ -125,8 +153,18 @@ def run_command(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_SCRIPT_FAILED
 
 
+@dataclass(frozen=True)
+class _SourceName:
+    filename: str  # what tracebacks call the script
+    argv: tuple[str, ...]  # sys.argv in the script
+
+
 async def _run(
-    script: str, config: ExecuteCodeConfig, timeout_ms: int | None
+    script: str,
+    config: ExecuteCodeConfig,
+    timeout_ms: int | None,
+    source: _SourceName,
+    live: LiveOutput | None,
 ) -> tuple[ExecuteCodeResult, signal.Signals | None]:
     """Run ``script``; Ctrl-C or SIGTERM aborts the run. Returns the result and the signal."""
     loop = asyncio.get_running_loop()
@@ -149,7 +187,15 @@ async def _run(
     try:
         async with ExecuteCode(config) as tool:
             # The spill file a result names outlives the tool (24 h; see host/staging.py).
-            result = await tool.run(script, timeout_ms=timeout_ms, on_update=_notify, abort=abort)
+            result = await tool.run(
+                script,
+                timeout_ms=timeout_ms,
+                on_update=_notify,
+                abort=abort,
+                on_output=None if live is None else live.write,
+                _filename=source.filename,
+                _argv=source.argv,
+            )
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
@@ -161,6 +207,12 @@ def _notify(message: str) -> None:
     with contextlib.suppress(OSError):
         sys.stderr.write(f"{message}\n")
         sys.stderr.flush()
+
+
+def _silence_stdout() -> None:
+    """The reader went away (e.g. `| head`); don't let Python complain at exit either."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _read_script(name: str) -> str | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
 import threading
 import time
@@ -30,6 +31,8 @@ from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, OutputCapture
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import ToolHost
+
+log = logging.getLogger(__name__)
 
 _WATCHDOG_S = 0.1
 #: After the kernel died, how long to wait for messages it sent just before.
@@ -60,6 +63,8 @@ class CellRequest:
     env: dict[str, str] | None = None
     aborts: tuple[AbortSignal, ...] = ()
     on_update: Callable[[str], None] | None = None
+    on_output: Callable[[str], None] | None = None  # each chunk of output, as it arrives
+    argv: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -89,8 +94,14 @@ class CellResult:
 class _CellSink:
     """Receives the cell's IOPub messages and its execute reply."""
 
-    def __init__(self, capture: OutputCapture, bridge: HostBridge) -> None:
+    def __init__(
+        self,
+        capture: OutputCapture,
+        bridge: HostBridge,
+        on_output: Callable[[str], None] | None = None,
+    ) -> None:
         self.capture = capture
+        self.on_output = on_output
         self.bridge = bridge
         self.reply: dict[str, Any] | None = None
         self.idle = False
@@ -103,17 +114,25 @@ class _CellSink:
         msg_type = msg.get("msg_type")
         content = msg.get("content") or {}
         if msg_type == "stream":
-            self.capture.write(str(content.get("text", "")))
+            self._output(str(content.get("text", "")))
         elif msg_type == "comm_msg":
             if content.get("comm_id") == self.bridge.comm_id:
                 self.bridge.handle(content.get("data"))
         elif msg_type in ("display_data", "execute_result"):
             plain = (content.get("data") or {}).get("text/plain")
             if isinstance(plain, str):
-                self.capture.write(plain + "\n")
+                self._output(plain + "\n")
         elif msg_type == "status" and content.get("execution_state") == "idle":
             self.idle = True
             self._check_done()
+
+    def _output(self, text: str) -> None:
+        self.capture.write(text)
+        if self.on_output is not None:
+            try:
+                self.on_output(text)
+            except Exception:  # a consumer's bug must not cost the cell its output
+                log.exception("on_output callback failed")
 
     def on_reply(self, msg: dict[str, Any]) -> None:
         if msg.get("msg_type") == "execute_reply":
@@ -167,7 +186,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
         send_reply=kernel.send_bridge_reply,
         on_notify=request.on_update,
     )
-    sink = _CellSink(capture, bridge)
+    sink = _CellSink(capture, bridge, request.on_output)
     metadata = {
         protocol.CELL_METADATA_KEY: {
             "v": protocol.PROTOCOL_VERSION,
@@ -176,6 +195,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
             "helpers": list(request.helpers),
             "max_text_bytes": request.limits.max_text_bytes,
             "filename": request.filename,
+            **({"argv": list(request.argv)} if request.argv is not None else {}),
             **({"cwd": str(request.cwd)} if request.chdir else {}),
             **({"env": request.env} if request.env else {}),
         }

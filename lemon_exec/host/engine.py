@@ -62,6 +62,9 @@ class Call:
     abort: AbortSignal | None
     on_update: Callable[[str], None] | None
     details: dict[str, Any]
+    on_output: Callable[[str], None] | None = None  # the script's output, live
+    filename: str = "script.py"  # what tracebacks call the script
+    argv: tuple[str, ...] | None = None  # sys.argv in the script; None leaves it alone
 
 
 class Engine:
@@ -314,6 +317,8 @@ class Engine:
         aborts: tuple[Any, ...],
         on_update: Callable[[str], None] | None,
         filename: str = "script.py",
+        on_output: Callable[[str], None] | None = None,
+        argv: tuple[str, ...] | None = None,
     ) -> cells.CellRequest:
         return cells.CellRequest(
             code=script,
@@ -328,12 +333,14 @@ class Engine:
             chdir=chdir,
             aborts=aborts,
             on_update=on_update,
+            on_output=on_output,
+            argv=argv,
         )
 
     def call_request(
-        self, call: Call, *, chdir: bool, filename: str = "script.py"
+        self, call: Call, *, chdir: bool, filename: str | None = None
     ) -> cells.CellRequest:
-        """The cell request for ``call`` (its cwd, deadline, abort and notify callback)."""
+        """The cell request for ``call``; ``filename`` overrides the call's own."""
         return self.cell_request(
             call.script,
             cwd=call.cwd,
@@ -341,7 +348,9 @@ class Engine:
             chdir=chdir,
             aborts=(call.abort,) if call.abort is not None else (),
             on_update=call.on_update,
-            filename=filename,
+            filename=filename or call.filename,
+            on_output=call.on_output,
+            argv=call.argv,
         )
 
     async def run_per_call(self, call: Call, notes: list[str] | None = None) -> ExecuteCodeResult:

@@ -178,6 +178,9 @@ class LemonKernel(IPythonKernel):
             generation=cells.next_generation(),
             max_text_bytes=int(meta.get("max_text_bytes", 65536)),
         )
+        saved_argv = sys.argv
+        if isinstance(meta.get("argv"), list):  # `lemon-exec run FILE -- ARGS`
+            sys.argv = [str(arg) for arg in meta["argv"]]
         saved_streams = sys.stdout, sys.stderr
         merged = ChunkedStream(sys.stdout)
         sys.stdout = sys.stderr = merged  # type: ignore[assignment]
@@ -192,6 +195,7 @@ class LemonKernel(IPythonKernel):
             cells.close_cell()
             merged.flush()
             sys.stdout, sys.stderr = saved_streams
+            sys.argv = saved_argv
             _restore_fd(2, saved_fd2)
         reply: dict[str, Any] = {
             "status": "ok" if outcome.kind == "ok" else "error",
