@@ -25,7 +25,6 @@ from lemon_exec.host.staging import (
 
 pytestmark = pytest.mark.timeout(60)
 
-SPILL = "lemon-exec-output-"
 DAY = 86_400
 
 
@@ -58,13 +57,6 @@ def fake_root(base: Path, name: str, marker: object, *, marker_mode: int = 0o600
         fd = os.open(path / "owner", os.O_WRONLY | os.O_CREAT | os.O_EXCL, marker_mode)
         os.write(fd, text.encode())
         os.close(fd)
-    return path
-
-
-def spill_file(directory: Path, name: str, age_s: float, now: float) -> Path:
-    path = directory / name
-    path.write_text("spilled")
-    os.utime(path, (now - age_s, now - age_s))
     return path
 
 
@@ -147,17 +139,18 @@ def test_close_keeps_fresh_spill_files_readable(tmp_path: Path) -> None:
     assert not created.work_dir.exists() and not created.runtime_dir.exists()
 
 
-def test_sweep_removes_expired_spills_and_then_the_root(tmp_path: Path, dead_pid: int) -> None:
+def test_sweep_never_traverses_a_non_empty_root(tmp_path: Path, dead_pid: int) -> None:
     stale = fake_root(tmp_path, "lemon-exec-dead", {"pid": dead_pid, "created": 1, "version": 1})
     fresh = stale / "spill" / (SPILL_PREFIX + "fresh")
     fresh.write_text("recent")
-    assert sweep_stale_roots(tmp_path) == 0  # a fresh spill keeps the root
-    assert fresh.read_text() == "recent"
-    assert not (stale / "work").exists()
-    old = time.time() - 2 * 86_400
-    os.utime(fresh, (old, old))
-    assert sweep_stale_roots(tmp_path) == 1
-    assert not stale.exists()
+    old = stale / "spill" / (SPILL_PREFIX + "old")
+    old.write_text("expired")
+    os.utime(old, (time.time() - 2 * DAY, time.time() - 2 * DAY))
+    # Spec: non-empty stale roots are never removed or traversed (the spill reaper, bounded,
+    # removes expired spill files; tests/test_stale_roots.py).
+    assert sweep_stale_roots(tmp_path) == 0
+    assert fresh.exists() and old.exists()
+    assert (stale / "work" / "run-1" / "data.txt").exists()
 
 
 # --- fail closed ----------------------------------------------------------------------------------
@@ -327,8 +320,16 @@ def test_remove_workspace(root: StagingRoot) -> None:
 # --- sweeping stale roots -------------------------------------------------------------------------
 
 
-def test_sweep_removes_a_dead_owners_root(tmp_path: Path, dead_pid: int) -> None:
-    stale = fake_root(tmp_path, "lemon-exec-dead", {"pid": dead_pid, "created": 1, "version": 1})
+def empty_root(base: Path, name: str, marker: object) -> Path:
+    """A stale root that holds nothing but its marker and empty directories."""
+    path = fake_root(base, name, marker)
+    (path / "work" / "run-1" / "data.txt").unlink()
+    (path / "work" / "run-1").rmdir()
+    return path
+
+
+def test_sweep_removes_a_dead_owners_empty_root(tmp_path: Path, dead_pid: int) -> None:
+    stale = empty_root(tmp_path, "lemon-exec-dead", {"pid": dead_pid, "created": 1, "version": 1})
     assert sweep_stale_roots(tmp_path) == 1
     assert not stale.exists()
 
@@ -381,127 +382,23 @@ def test_sweep_skips_other_names_and_symlinked_roots(tmp_path: Path, dead_pid: i
     assert other.exists() and target.exists()
 
 
-def test_sweep_of_a_huge_root_resumes_later(tmp_path: Path, dead_pid: int) -> None:
-    stale = fake_root(tmp_path, "lemon-exec-huge", {"pid": dead_pid})
-    for i in range(10_100):
-        (stale / "work" / f"f{i}").touch()
-    assert sweep_stale_roots(tmp_path) == 0  # bounded: not finished in one pass
-    assert (stale / "owner").exists()  # the marker stays, so it can be found again
-    assert sweep_stale_roots(tmp_path) == 1
-    assert not stale.exists()
-
-
 def test_sweep_max_roots(tmp_path: Path, dead_pid: int) -> None:
     for i in range(5):
-        fake_root(tmp_path, f"lemon-exec-dead{i}", {"pid": dead_pid})
+        empty_root(tmp_path, f"lemon-exec-dead{i}", {"pid": dead_pid})
     assert sweep_stale_roots(tmp_path, max_roots=2) == 2
     assert sweep_stale_roots(tmp_path) == 3
 
 
-def test_create_sweeps_stale_siblings(tmp_path: Path, dead_pid: int) -> None:
-    stale = fake_root(tmp_path, "lemon-exec-old", {"pid": dead_pid})
+def test_create_sweeps_empty_stale_siblings(tmp_path: Path, dead_pid: int) -> None:
+    stale = empty_root(tmp_path, "lemon-exec-old", {"pid": dead_pid})
+    full = fake_root(tmp_path, "lemon-exec-full", {"pid": dead_pid})
     with StagingRoot.create(tmp_path) as created:
         assert not stale.exists()
+        assert (full / "work" / "run-1" / "data.txt").exists()
         assert created.path.exists()
 
 
-# --- reaping spill files --------------------------------------------------------------------------
-
-
-def test_reap_spills_age_and_prefix(root: StagingRoot) -> None:
-    now = time.time()
-    old = spill_file(root.spill_dir, SPILL + "old", 2 * DAY, now)
-    fresh = spill_file(root.spill_dir, SPILL + "fresh", 60, now)
-    other = spill_file(root.spill_dir, "notes-old.txt", 2 * DAY, now)
-    assert root.reap_spills(now=now) == 1
-    assert not old.exists()
-    assert fresh.exists() and other.exists()
-    assert root.reap_spills(max_age_s=30, now=now) == 1
-    assert not fresh.exists()
-
-
-def test_reap_spills_leaves_symlinks_and_directories(root: StagingRoot, tmp_path: Path) -> None:
-    now = time.time()
-    target = tmp_path / "victim"
-    target.write_text("keep")
-    os.utime(target, (now - 2 * DAY, now - 2 * DAY))
-    link = root.spill_dir / (SPILL + "link")
-    link.symlink_to(target)
-    os.utime(link, (now - 2 * DAY, now - 2 * DAY), follow_symlinks=False)
-    directory = root.spill_dir / (SPILL + "dir")
-    directory.mkdir()
-    os.utime(directory, (now - 2 * DAY, now - 2 * DAY))
-    assert root.reap_spills(now=now) == 0
-    assert link.is_symlink() and target.exists() and directory.is_dir()
-
-
-def test_reap_spills_batch_bound(root: StagingRoot) -> None:
-    now = time.time()
-    for i in range(25):
-        spill_file(root.spill_dir, f"{SPILL}{i:02d}", 2 * DAY, now)
-    assert root.reap_spills(batch=10, now=now) == 10
-    assert root.reap_spills(batch=10, now=now) == 10
-    assert root.reap_spills(batch=10, now=now) == 5
-    assert list(root.spill_dir.iterdir()) == []
-
-
-def test_reap_spills_skips_active_files(root: StagingRoot) -> None:
-    now = time.time()
-    busy = spill_file(root.spill_dir, SPILL + "busy", 2 * DAY, now)
-    idle = spill_file(root.spill_dir, SPILL + "idle", 2 * DAY, now)
-    assert root.reap_spills(now=now, active={busy}) == 1
-    assert busy.exists() and not idle.exists()
-    assert root.reap_spills(now=now, active=lambda path: path == busy) == 0
-    assert root.reap_spills(now=now) == 1
-
-
-def test_reap_spills_of_a_stale_sibling(root: StagingRoot, tmp_path: Path, dead_pid: int) -> None:
-    now = time.time()
-    mine = spill_file(root.spill_dir, SPILL + "mine", 2 * DAY, now)
-    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
-    theirs_old = spill_file(stale / "spill", SPILL + "theirs", 2 * DAY, now)
-    theirs_new = spill_file(stale / "spill", SPILL + "recent", 60, now)
-    live = fake_root(tmp_path, "lemon-exec-live", {"pid": os.getpid()})
-    live_old = spill_file(live / "spill", SPILL + "live", 2 * DAY, now)
-    assert root.reap_spills(now=now) == 2
-    assert not mine.exists() and not theirs_old.exists()
-    assert theirs_new.exists() and live_old.exists()
-
-
-def test_reap_spills_does_not_follow_a_symlinked_spill_dir(
-    root: StagingRoot, tmp_path: Path, dead_pid: int
-) -> None:
-    now = time.time()
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    victim = spill_file(elsewhere, SPILL + "victim", 2 * DAY, now)
-    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
-    (stale / "spill").rmdir()
-    (stale / "spill").symlink_to(elsewhere)
-    assert root.reap_spills(now=now) == 0
-    assert victim.exists()
-
-
-def test_reap_spills_stale_siblings_one_per_call(
-    root: StagingRoot, tmp_path: Path, dead_pid: int
-) -> None:
-    now = time.time()
-    for i in range(3):
-        stale = fake_root(tmp_path, f"lemon-exec-stale{i}", {"pid": dead_pid})
-        spill_file(stale / "spill", SPILL + "x", 2 * DAY, now)
-    assert root.reap_spills(now=now) == 1
-
-
-def test_reap_spills_budget_is_spent_on_own_dir_first(
-    root: StagingRoot, tmp_path: Path, dead_pid: int
-) -> None:
-    now = time.time()
-    for i in range(5):
-        spill_file(root.spill_dir, f"{SPILL}{i}", 2 * DAY, now)
-    stale = fake_root(tmp_path, "lemon-exec-stale", {"pid": dead_pid})
-    theirs = spill_file(stale / "spill", SPILL + "theirs", 2 * DAY, now)
-    assert root.reap_spills(batch=5, now=now) == 5
-    assert theirs.exists()
+# Reaping spill files (one batch per 24-hour window): tests/test_stale_roots.py.
 
 
 def test_module_exports() -> None:

@@ -30,6 +30,7 @@ from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.pool import KernelPool
+from lemon_exec.host.reaper import SpillReaper
 from lemon_exec.host.staging import StagingRoot
 from lemon_exec.host.staging import staging_base as staging_dir
 from lemon_exec.kernel.protocol import MANAGED_ENV
@@ -99,6 +100,7 @@ class Engine:
         self.sessions: Any = None  # set by the facade when session mode is first used
         self._closed = False
         self._reap_handle: asyncio.TimerHandle | None = None
+        self.reaper = SpillReaper(self.staging.path)  # finds the stale roots now, at boot
         self._forkservers: dict[str, ForkServer] = {}
         #: The startup variables (see _startup_env) each fork server was started with.
         self._forkserver_env: dict[str, dict[str, str]] = {}
@@ -109,9 +111,9 @@ class Engine:
         hygiene.register(self)
 
     def _reap_spills(self) -> None:
-        """Remove spill files older than 24 h, one bounded batch per hour."""
+        """Remove expired spill files: checked hourly, one batch per 24-hour window."""
         try:
-            self.staging.reap_spills()
+            self.reaper.run()
         except OSError:
             log.warning("spill reaping failed", exc_info=True)
         with contextlib.suppress(RuntimeError):  # no running loop: the next engine reaps
@@ -457,6 +459,7 @@ class Engine:
         self.index.close()
         if self._reap_handle is not None:
             self._reap_handle.cancel()
+        self.reaper.close()
         self.staging.close()
         hygiene.unregister(self)
 

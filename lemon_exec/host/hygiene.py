@@ -7,10 +7,17 @@ private staging roots, so no kernel, connection file or workspace outlives the h
 
 A host that dies without running any hook (SIGKILL; SIGTERM while its handler is not ours) is
 covered by the kernel side (:mod:`lemon_exec.kernel.supervise`): kernels and the fork-server
-template watch their parent and kill their whole process trees. What even that could not
-clean (say the template was killed too) the next host start sweeps: :func:`sweep_dead_hosts`
-kills the processes a dead host recorded in its index (only if PID *and* start time still
-match) and removes its staging root, connection files and their keys included.
+template watch their parent and kill their whole process trees, and each kernel deletes its
+connection file. The template, acting as the dead host's own teardown, also removes what the
+host would have removed on a clean close (:func:`teardown_dead_host`), keeping ``spill/``
+(spill files stay readable for 24 hours) and the owner marker.
+
+What even that could not clean (say the template was killed too) the next host start
+handles with :func:`sweep_dead_hosts`: it kills the processes a dead host recorded in its
+index (only if PID *and* start time still match) and deletes the connection files (the
+keys) the index names. It never traverses or removes the root: the staging sweep removes
+it once it is empty (:func:`lemon_exec.host.staging.sweep_stale_roots`), and the spill
+reaper empties its ``spill/`` (:mod:`lemon_exec.host.reaper`).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
-from lemon_exec._constants import STAGING_ROOT_PREFIX
+from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
 from lemon_exec.host import staging
 from lemon_exec.host.index import INDEX_NAME
 from lemon_exec.kernel import supervise
@@ -39,6 +46,10 @@ log = logging.getLogger(__name__)
 #: At most this many sibling roots are examined per sweep, and index files this large read.
 _MAX_ROOTS = 64
 _MAX_INDEX_BYTES = 1 << 20
+#: At most this many connection files an index names are deleted.
+_MAX_CONNECTION_FILES = 4096
+#: What a dead host's teardown keeps: spill files (24 h), the marker and index (next start).
+_TEARDOWN_KEEPS = frozenset({staging.OWNER_MARKER, INDEX_NAME, "spill"})
 
 
 class _Cleanable(Protocol):
@@ -113,26 +124,42 @@ def host_dead(pid: int, started: int | None) -> bool:
     return not supervise.running(pid)
 
 
-def remove_dead_root(root: Path, host_pid: int) -> bool:
-    """Remove ``root`` if it is our private staging root owned by ``host_pid``, now dead.
+def teardown_dead_host(root: Path, host_pid: int) -> bool:
+    """Remove what the dead ``host_pid`` would have removed on a clean close of ``root``.
 
-    Used by the fork-server template when its host died; spill files younger than 24 h stay
-    (as after a normal close). True when the root is gone.
+    Called by the fork-server template when its host died: the template is part of that
+    host's run, so this is the host's own teardown, not a sweep of someone else's root. It
+    removes workspaces, connection files and sockets (bounded, never following symlinks) and
+    keeps ``spill/`` (readable for 24 hours), the owner marker and the index. True when only
+    those are left; nothing happens unless ``root`` is ours, private, and its marker names
+    ``host_pid``, which has ended.
     """
     if not _own_private_dir(root) or staging._read_marker_pid(root) != host_pid:
         return False
     if supervise.running(host_pid):
         return False
-    return staging._remove_root(root)
+    try:
+        fd = os.open(root, staging._DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        budget = staging._Budget(REMOVE_TREE_MAX_ENTRIES)
+        return staging._clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
+    except OSError as exc:
+        log.warning("execute_code: could not clean up %s: %s", root, exc)
+        return False
+    finally:
+        os.close(fd)
 
 
 def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
-    """Kill what dead hosts' kernels left running; remove their roots. Returns kills.
+    """Kill what dead hosts left running and delete their keys. Returns kills.
 
     For every staging root in ``base`` whose index names a host that has ended, every
     recorded process (kernel or template) whose start time still matches is killed with its
-    whole process tree, then the root is removed. Roots without an index are left to the
-    staging sweep (owner PID dead), which also removes their connection files.
+    whole process tree, and every connection file the index names is deleted (each a direct,
+    regular file in the root's ``runtime/``; nothing is walked). The root itself is left to
+    the staging sweep, which removes it only once it is empty.
     """
     base_path = Path(base) if base is not None else Path(tempfile.gettempdir())
     killed = 0
@@ -148,18 +175,42 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
             host = int(data["pid"])
             host_start = data.get("host_start")
             procs = [(int(p["pid"]), int(p["start"])) for p in data.get("processes", [])]
-        except (KeyError, TypeError, ValueError):
+            kernels = [k for k in data.get("kernels", []) if isinstance(k, dict)]
+        except (KeyError, TypeError, ValueError, AttributeError):
             continue
         if host == os.getpid() or not host_dead(host, host_start):
             continue
         for pid, started in procs:
             if pid > 1 and supervise.same_process(pid, started):
                 killed += supervise.kill_tree(pid)
-        try:
-            staging._remove_root(root)
-        except OSError as exc:
-            log.warning("execute_code: could not remove stale workspace %s: %s", root, exc)
+        names = [k.get("connection_file") for k in kernels[:_MAX_CONNECTION_FILES]]
+        _delete_connection_files(root, [n for n in names if isinstance(n, str)])
     return killed
+
+
+def _delete_connection_files(root: Path, paths: list[str]) -> None:
+    """Delete each of ``paths`` that is a regular file of ours directly in ``root/runtime``."""
+    runtime = root / "runtime"
+    names = {Path(p).name for p in paths if Path(p).parent == runtime}
+    names = {n for n in names if n.startswith("kernel-") and n.endswith(".json")}
+    if not names:
+        return
+    try:
+        fd = os.open(runtime, staging._DIR_FLAGS)  # O_NOFOLLOW: never a symlinked runtime/
+    except OSError:
+        return
+    try:
+        for name in names:
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
+                    os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("execute_code: could not delete %s/%s: %s", runtime, name, exc)
+    finally:
+        os.close(fd)
 
 
 def _own_private_dir(path: Path) -> bool:

@@ -7,7 +7,8 @@ every 0.2 s, off the hot path.
 
 It also records the host's and its kernel-side processes' PIDs with their start times, so
 that if the host is killed and its processes somehow survive it, the next host start can
-kill exactly them (:func:`lemon_exec.host.hygiene.sweep_dead_hosts`), never a reused PID.
+kill exactly them (:func:`lemon_exec.host.hygiene.sweep_dead_hosts`), never a reused PID,
+and delete the connection files the rows name without walking the root.
 """
 
 from __future__ import annotations

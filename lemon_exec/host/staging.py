@@ -14,10 +14,12 @@ always bounded (a script can create millions of files) and never follows symlink
 can plant a link to somewhere it should not be able to make us delete). A root a script
 deleted is made again by :meth:`StagingRoot.ensure`, with the same checks.
 
-Stale roots: a root whose owner PID is dead is removed by the next process that starts
-(:func:`sweep_stale_roots`), with the same bounded removal; a root too big to finish in one
-pass keeps its owner marker, so the next sweep picks it up again. Roots without a readable,
-well-formed marker, or whose owner is alive, are never touched.
+Stale roots: a root whose validated owner marker names a dead process is removed by the next
+process that starts (:func:`sweep_stale_roots`), but only when it is empty: nothing but the
+owner marker, the kernel index and empty known subdirectories. A non-empty stale root is
+never traversed or removed; only its ``spill/`` directory is read, entry by entry, by the
+spill reaper (:mod:`lemon_exec.host.reaper`), after which a later start removes it. Roots
+without a readable, well-formed marker, or whose owner is alive, are never touched.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
 
@@ -63,8 +65,6 @@ _DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 _MAX_DEPTH = 256
 # Directory entries read per listing, so memory stays small whatever a directory holds.
 _LIST_BATCH = 1024
-
-ActiveSpills = Callable[[Path], bool] | Collection[Path]
 
 
 def _refuse(reason: str) -> RefusedError:
@@ -398,18 +398,72 @@ def _stale_roots(
 
 
 def sweep_stale_roots(base: Path | str | None = None, *, max_roots: int = 64) -> int:
-    """Remove sibling staging roots left behind by dead processes; return how many went.
+    """Remove empty sibling staging roots left behind by dead processes; return how many went.
 
-    At most ``max_roots`` candidate ``lemon-exec-*`` directories are examined. Each stale
-    root is removed with a bounded walk (``REMOVE_TREE_MAX_ENTRIES`` entries); its owner
-    marker goes last, so a root too large for one pass is found again by the next sweep.
+    At most ``max_roots`` candidate ``lemon-exec-*`` directories are examined. Only a root
+    that is empty by :func:`_remove_if_empty` goes; any other stale root is left alone,
+    untraversed (its spill files are the spill reaper's; the rest is kept, owner-only).
     """
     base_path = Path(base) if base is not None else Path(tempfile.gettempdir())
     removed = 0
     for root in _stale_roots(base_path, max_candidates=max_roots):
-        if _remove_root(root):
+        if _remove_if_empty(root):
             removed += 1
     return removed
+
+
+#: What an empty root may still hold: the owner marker, the index, and empty directories.
+_EMPTY_ROOT_FILES = frozenset({OWNER_MARKER, "kernels.json"})
+_EMPTY_ROOT_DIRS = frozenset({"runtime", _SPILL_DIR, "work", "pypath"})
+
+
+def _remove_if_empty(root: Path) -> bool:
+    """Remove a stale ``root`` holding only its marker, its index and empty known directories.
+
+    Never recursive: each known directory is checked for a first entry, nothing deeper, and
+    anything else (an unknown name, a symlink, a non-empty directory) leaves the root as it
+    is. The owner marker goes last, so a removal that fails midway is retried next start.
+    """
+    try:
+        fd = os.open(root, _DIR_FLAGS)
+    except OSError:
+        return False
+    try:
+        names: list[str] = []
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                if len(names) >= len(_EMPTY_ROOT_FILES) + len(_EMPTY_ROOT_DIRS):
+                    return False
+                names.append(entry.name)
+        for name in names:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if name in _EMPTY_ROOT_FILES and stat.S_ISREG(st.st_mode):
+                continue
+            if name not in _EMPTY_ROOT_DIRS or not stat.S_ISDIR(st.st_mode):
+                return False
+            sub = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                with os.scandir(sub) as entries:
+                    if next(entries, None) is not None:
+                        return False
+            finally:
+                os.close(sub)
+        for name in sorted(names, key=lambda n: n == OWNER_MARKER):
+            if name in _EMPTY_ROOT_DIRS:
+                os.rmdir(name, dir_fd=fd)  # fails if something appeared meanwhile
+            else:
+                os.unlink(name, dir_fd=fd)
+    except OSError as exc:
+        logger.debug("execute_code: left stale workspace %s: %s", root, exc)
+        return False
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(root)
+    except OSError as exc:
+        logger.debug("execute_code: left stale workspace %s: %s", root, exc)
+        return False
+    return True
 
 
 def _remove_root(root: Path, *, spill_max_age_s: float = SPILL_MAX_AGE_S) -> bool:
@@ -417,7 +471,8 @@ def _remove_root(root: Path, *, spill_max_age_s: float = SPILL_MAX_AGE_S) -> boo
 
     Spill files younger than ``spill_max_age_s`` are kept (a result names them, and the spec
     keeps them readable for 24 hours); the root then stays, holding only the marker and
-    those files, until a later sweep finds them expired.
+    those files, until later processes' spill reapers remove them and a later start then
+    removes the empty root.
     """
     try:
         fd = os.open(root, _DIR_FLAGS)
@@ -571,45 +626,12 @@ class StagingRoot:
         """Bounded removal of a run's workspace; see :func:`remove_tree`."""
         return remove_tree(path, REMOVE_TREE_MAX_ENTRIES)
 
-    def reap_spills(
-        self,
-        max_age_s: float = SPILL_MAX_AGE_S,
-        batch: int = 1000,
-        *,
-        now: float | None = None,
-        active: ActiveSpills | None = None,
-    ) -> int:
-        """Delete expired spill files; return how many were removed.
-
-        A spill file is expired when its mtime is more than ``max_age_s`` before ``now``.
-        Only regular files (not symlinks) owned by us and named ``lemon-exec-output-*`` are
-        candidates, and none that ``active`` names (a predicate or a collection of paths).
-        This root's spill directory goes first; the remaining budget goes to the spill
-        directory of at most one stale sibling root. At most ``batch`` directory entries are
-        examined per call, counting the scan for stale roots.
-        """
-        current = time.time() if now is None else now
-        is_active = _active_predicate(active)
-        budget = _Budget(batch)
-        removed = _reap_dir(self.spill_dir, current - max_age_s, budget, is_active)
-        if budget.left > 0:
-            stale = _stale_roots(
-                self._path.parent,
-                max_candidates=budget.left,
-                budget=budget,
-                exclude=self._path,
-                stop_after=1,
-            )
-            for root in stale:
-                removed += _reap_dir(root / _SPILL_DIR, current - max_age_s, budget, is_active)
-        return removed
-
     def close(self) -> None:
         """Remove the root (bounded), keeping spill files younger than 24 hours.
 
         A result's ``full_output_path`` stays readable after the tool closes; a later
-        process's stale-root sweep removes the files once they expire. Safe to call more
-        than once.
+        process's spill reaper removes the files once they expire, and a start after that
+        the then empty root. Safe to call more than once.
         """
         if self._closed:
             return
@@ -617,7 +639,7 @@ class StagingRoot:
         if not _remove_root(self._path):
             logger.info(
                 "execute_code: keeping %s for its spill files (or it was too large to remove "
-                "in one pass); it is swept after this process exits",
+                "in one pass); later processes reap its expired spill files",
                 self._path,
             )
 
@@ -634,15 +656,6 @@ class StagingRoot:
 
     def __repr__(self) -> str:
         return f"StagingRoot({str(self._path)!r})"
-
-
-def _active_predicate(active: ActiveSpills | None) -> Callable[[Path], bool]:
-    if active is None:
-        return lambda _path: False
-    if callable(active):
-        return active
-    live = {Path(p) for p in active}
-    return lambda path: path in live
 
 
 def _reap_dir(

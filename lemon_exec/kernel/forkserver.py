@@ -20,7 +20,8 @@ The template exits when the host closes its socket or dies (a pidfd on the host,
 host is noticed at once), killing every kernel's whole process tree first. It is a subreaper
 (see :mod:`lemon_exec.kernel.supervise`): what a dead kernel leaves behind is adopted by the
 template and killed. When the host died (rather than closing the socket), the template also
-removes the host's staging root, connection files included.
+does the host's teardown (:func:`lemon_exec.host.hygiene.teardown_dead_host`): workspaces
+and connection files go; spill files (readable for 24 hours) and the owner marker stay.
 """
 
 from __future__ import annotations
@@ -112,14 +113,14 @@ class _Template:
             self._kill_children()
 
     def after_host(self) -> None:
-        """If the host died (not just closed the socket), remove its staging root."""
+        """If the host died (not just closed the socket), do its staging-root teardown."""
         self._kill_children()
         if not self._host_died():
             return
         with contextlib.suppress(Exception):  # best effort: the next host start sweeps too
-            from lemon_exec.host.hygiene import remove_dead_root
+            from lemon_exec.host.hygiene import teardown_dead_host
 
-            remove_dead_root(self.root, self.host)
+            teardown_dead_host(self.root, self.host)
 
     def _read(self) -> bool:
         data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 4)
