@@ -2,9 +2,11 @@
 
 Build: ``sphinx-build -W -b html docs docs/_build/html`` (needs the ``docs`` extra).
 
-The configuration reference, ``reference/config.md``, is generated from the traits of
-``ExecuteCodeConfig`` (help strings, defaults, environment variable names) when a build
-starts; the file is rewritten only when its text changes, so the tree stays clean.
+The configuration reference, ``reference/config`` (help strings, defaults, environment
+variable names), is generated from the traits of ``ExecuteCodeConfig`` in memory, every build:
+the tracked ``reference/config.md`` is only a placeholder whose text the build replaces, and
+it is never written, so building the docs (or running the tests that do) leaves the checkout
+unchanged. ``python docs/conf.py`` prints the generated page.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ html_theme = "alabaster"
 html_title = "lemon_exec"
 html_static_path: list[str] = []
 
-CONFIG_PAGE = DOCS / "reference" / "config.md"
+#: The page whose source is generated (its tracked file is a placeholder, never written).
+CONFIG_DOCNAME = "reference/config"
 
 
 # --- the generated configuration reference --------------------------------------------------------
@@ -48,14 +51,21 @@ def _literal(value: Any) -> str:
     return str(value)
 
 
+_TYPE_NAMES = {
+    "Bool": "boolean",
+    "Integer": "integer",
+    "Int": "integer",
+    "Unicode": "string",
+    "List": "list of strings",
+}
+
+
 def _type_name(trait: Any) -> str:
-    return {
-        "Bool": "boolean",
-        "Integer": "integer",
-        "Int": "integer",
-        "Unicode": "string",
-        "List": "list of strings",
-    }.get(type(trait).__name__, type(trait).__name__)
+    # The nearest traitlets class with a name: config.py subclasses some (e.g. a lenient Bool).
+    for cls in type(trait).__mro__:
+        if cls.__name__ in _TYPE_NAMES:
+            return _TYPE_NAMES[cls.__name__]
+    return type(trait).__name__
 
 
 def _one_line(text: str) -> str:
@@ -121,14 +131,22 @@ def render_config_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_config_reference(_app: Any = None) -> None:
-    """Write ``reference/config.md`` when its generated text differs from the file's."""
-    text = render_config_reference()
-    CONFIG_PAGE.parent.mkdir(exist_ok=True)
-    if not CONFIG_PAGE.exists() or CONFIG_PAGE.read_text(encoding="utf-8") != text:
-        CONFIG_PAGE.write_text(text, encoding="utf-8")
+def inject_config_reference(_app: Any, docname: str, source: list[str]) -> None:
+    """Replace the placeholder's text with the generated reference as Sphinx reads it."""
+    if docname == CONFIG_DOCNAME:
+        source[0] = render_config_reference()
+
+
+def config_reference_outdated(_app: Any, _env: Any, *_changes: Any) -> list[str]:
+    """Re-read the page on every build: the traits change, the placeholder file does not."""
+    return [CONFIG_DOCNAME]
 
 
 def setup(app: Any) -> dict[str, Any]:
-    app.connect("builder-inited", write_config_reference)
+    app.connect("source-read", inject_config_reference)
+    app.connect("env-get-outdated", config_reference_outdated)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_config_reference())
