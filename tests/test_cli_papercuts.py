@@ -30,6 +30,7 @@ from lemon_exec.result import DIAGNOSTICS_HEADER, TEXT_HEADER, ExecuteCodeResult
 __all__ = ["cli"]  # the fixture, shared with test_cli
 
 pytestmark = pytest.mark.timeout(60)
+pytest_plugins = ["pytester"]
 
 
 def test_version_flag(cli: Run) -> None:
@@ -228,3 +229,56 @@ def test_unstreamed_prints_everything_when_the_output_is_not_found() -> None:
 def test_nothing_streamed_prints_the_whole_content() -> None:
     result = _result("(script produced no output)")
     assert unstreamed_content(result, _live()) == result.content
+
+
+# --- scenario notebooks next to nbmake / nbval ----------------------------------------------------
+
+#: Stands in for nbmake (``--nbmake``) or nbval: it collects every notebook it is given.
+_OTHER_NOTEBOOK_PLUGIN = """
+import pytest
+
+def pytest_addoption(parser):
+    parser.addoption("--othernb", action="store_true")
+
+class OtherNotebook(pytest.File):
+    def collect(self):
+        yield OtherItem.from_parent(self, name="othernb")
+
+class OtherItem(pytest.Item):
+    def runtest(self):
+        pass
+
+def pytest_collect_file(file_path, parent):
+    if file_path.suffix == ".ipynb" and parent.config.getoption("othernb"):
+        return OtherNotebook.from_parent(parent, path=file_path)
+"""
+
+
+def _notebook(path: Path, metadata: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    doc = {"cells": [], "metadata": metadata, "nbformat": 4, "nbformat_minor": 5}
+    path.write_text(json.dumps(doc))
+
+
+def test_notebooks_are_collected_once_beside_another_notebook_plugin(
+    pytester: pytest.Pytester,
+) -> None:
+    pytester.makeconftest(_OTHER_NOTEBOOK_PLUGIN)
+    _notebook(pytester.path / "notebooks" / "scenario.ipynb", {"lemon": {}})
+    _notebook(pytester.path / "notebooks" / "plain.ipynb", {})
+    _notebook(pytester.path / "named.ipynb", {})
+    done = pytester.runpytest_inprocess(
+        "--othernb", "--collect-only", "-q", "notebooks", "named.ipynb"
+    )
+    items = sorted(line for line in done.outlines if "::" in line)
+    assert items == [
+        "named.ipynb::othernb",  # named, but not a scenario: the other plugin's
+        "notebooks/plain.ipynb::othernb",
+        "notebooks/scenario.ipynb::scenario",  # a scenario: ours only
+    ]
+    # Without the other plugin's flag, both notebooks the command names are ours.
+    alone = pytester.runpytest_inprocess("--collect-only", "-q", "notebooks", "named.ipynb")
+    assert sorted(line for line in alone.outlines if "::" in line) == [
+        "named.ipynb::named",
+        "notebooks/scenario.ipynb::scenario",
+    ]

@@ -10,6 +10,10 @@ its normalised result matches the outputs stored in the notebook.
 
 ``--lemon-regen`` rewrites the stored (golden) outputs in place instead of comparing.
 
+Scenario notebooks are not for nbmake or nbval (their cells need the host). When such a
+plugin also collects ``.ipynb`` files (``--nbmake``, ``--nbval``), each notebook is collected
+once: a scenario only by this plugin, any other notebook only by the other plugin.
+
 When pytest runs from its ``testpaths`` (no paths on the command line), the folders of the
 ``lemon_notebook_dirs`` ini option (default: ``notebooks``) that hold scenarios are added to
 the run, so ``python -m pytest`` at a project's root runs its scenarios too.
@@ -92,17 +96,28 @@ def pytest_configure(config: pytest.Config) -> None:
             config.args.append(str(folder))
 
 
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> ScenarioFile | None:
-    """Collect scenario notebooks (see the module docstring for which)."""
+@pytest.hookimpl(hookwrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Iterator[None]:
+    """Collect scenario notebooks (see the module docstring for which), each exactly once.
+
+    A wrapper, so it sees what other plugins (nbmake, nbval) collected for the same file.
+    """
+    outcome = yield
     if file_path.suffix != ".ipynb" or ".ipynb_checkpoints" in file_path.parts:
-        return None
+        return
     config = parent.config
     explicit = parent.session.isinitpath(file_path) or _configured(file_path, config)
     if not explicit and not _in_notebooks_dir(file_path, config.rootpath):
-        return None
-    if not _declares_scenario(file_path) and not explicit:
-        return None
-    return ScenarioFile.from_parent(parent, path=file_path)
+        return
+    scenario = _declares_scenario(file_path)
+    if not scenario and not explicit:
+        return
+    others = [c for c in outcome.get_result() or [] if c is not None]
+    if scenario:
+        # Another notebook plugin would run it without a host, where every helper fails.
+        outcome.force_result([ScenarioFile.from_parent(parent, path=file_path)])
+    elif not others:  # named explicitly, and nobody else wants it
+        outcome.force_result([ScenarioFile.from_parent(parent, path=file_path)])
 
 
 def _in_notebooks_dir(path: Path, root: Path) -> bool:
