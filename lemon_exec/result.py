@@ -88,11 +88,13 @@ def build_result(
     details: dict[str, Any],
     notes: list[str] | None = None,
     tainted: bool = False,
+    lead: str | None = None,
 ) -> ExecuteCodeResult:
     """Assemble content, details and trust for a cell that ran.
 
     ``tainted``: the cell ran in a session whose state already held untrusted data (an
     earlier call fetched), so its result is untrusted whatever it did itself.
+    ``lead``: a line that comes first, before the headline (the session lost its state).
     """
     head = headline(cell, timeout_ms)
     output = format_truncated_output(cell.output) if cell.output.text else ""
@@ -103,17 +105,17 @@ def build_result(
             "its state is lost."
         )
     if cell.text_blocks:
-        parts = [head] if head else []
+        parts = [p for p in (lead, head) if p]
         parts += lines
         parts.append(TEXT_HEADER + "\n" + "\n".join(cell.text_blocks))
         if output:
             parts.append(DIAGNOSTICS_HEADER + "\n" + output)
         content = "\n\n".join(parts)
     else:
-        parts = [p for p in (head, *lines) if p]
-        if output or not parts:
+        parts = [p for p in (lead, head, *lines) if p]
+        if output or not (head or lines):
             parts.append(output if output else NO_OUTPUT)
-        content = "\n\n".join(parts) if head or lines else parts[-1]
+        content = "\n\n".join(parts)
     notice = _untrusted_notice(cell, tainted)
     if notice is not None:  # untrusted is always wrapped, whatever made it so
         content = wrap_untrusted(content, notice)

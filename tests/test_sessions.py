@@ -24,7 +24,7 @@ import pytest
 from support import configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.sessions import FALLBACK_NOTE
+from lemon_exec.host.sessions import FALLBACK_NOTE, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)
@@ -214,7 +214,7 @@ def test_state_lost(ec: ExecuteCode, work: Path, go: Any, row: str) -> None:
             assert "ended abruptly" in result.content
         assert await wait_until(lambda: pid_gone(pid), 5)  # the kernel was discarded
         after = await ec.run("print('kept' in globals())", scope=scope)
-        assert after.content == "False\n"
+        assert after.content == lost_line(reason) + "\n\nFalse\n"
         assert after.details["kernel_reused"] is False
         assert after.details["kernel_lost_reason"] == reason
         assert after.details["state_retained"] is True
@@ -322,8 +322,9 @@ def test_queued_caller_aborting_leaves_the_queue(
             abort.set()
             rb = await b
             assert rb.details["cancelled"] is True
-            assert rb.details["state_retained"] is True
-            assert "nothing ran" in rb.content
+            assert rb.details["state_retained"] is False  # the spec's row; nothing ran
+            assert rb.details["never_started"] is True
+            assert "it never started" in rb.content
         assert time.monotonic() - aborted_at < 0.5
         assert ec.snapshot()["queued"] == 0
         ra = await a  # the active cell was undisturbed
@@ -354,8 +355,9 @@ def test_timeout_is_end_to_end_including_queue_wait(ec: ExecuteCode, work: Path,
         b_at = time.monotonic() - t0
         assert 0.9 < b_at < 1.7
         assert rb.details["timed_out"] is True
-        assert rb.details["state_retained"] is True
-        assert "nothing ran" in rb.content
+        assert rb.details["state_retained"] is False  # the spec's row; nothing ran
+        assert rb.details["never_started"] is True
+        assert "it never started" in rb.content
         ra = await a
         assert ra.content == "A\n" and ra.details["state_retained"] is True
         rc = await c
@@ -418,7 +420,8 @@ def test_owner_death_while_queued(ec: ExecuteCode, work: Path, go: Any) -> None:
         await b.aclose()
         rb = await asyncio.wait_for(queued, 1)
         assert "nothing ran" in rb.content
-        assert rb.details["state_retained"] is True
+        assert rb.details["state_retained"] is False  # the spec's "caller death" row
+        assert rb.details["never_started"] is True
         ra = await active
         assert ra.details["exit_code"] == 0 and ra.details["state_retained"] is True
         check = await a.run("print(count)")
@@ -447,7 +450,7 @@ def test_owner_death_while_active(ec: ExecuteCode, work: Path, go: Any) -> None:
         assert ra.details["state_retained"] is False
         assert await wait_until(lambda: pid_gone(pid), 5)  # its kernel was discarded
         rb = await b.run("print('y' in globals())")
-        assert rb.content == "False\n"
+        assert rb.content == lost_line("cancelled") + "\n\nFalse\n"
         assert rb.details["kernel_reused"] is False
         assert rb.details["kernel_lost_reason"]
         await b.aclose()
@@ -578,7 +581,7 @@ def test_lru_eviction_at_the_cap_never_evicts_busy(work: Path, go: Any) -> None:
             assert again.content == "2\n" and again.details["kernel_reused"] is True
             lost = await capped.run("print(globals().get('w'))", scope=s2)
             assert lost.details["kernel_lost_reason"] == "evicted"
-            assert lost.content == "None\n"
+            assert lost.content == lost_line("evicted") + "\n\nNone\n"
         finally:
             await capped.aclose()
 
@@ -625,7 +628,7 @@ def test_idle_kernels_are_reaped_running_never(work: Path, go: Any) -> None:
             assert reaping.snapshot()["reaped_total"] == 1
             assert await wait_until(lambda: pid_gone(pid), 3)
             later = await reaping.run("print(globals().get('z'))", scope=scope)
-            assert later.content == "None\n"
+            assert later.content == lost_line("reaped") + "\n\nNone\n"
             assert later.details["kernel_reused"] is False
             assert later.details["kernel_lost_reason"] == "reaped"
         finally:

@@ -43,6 +43,21 @@ if TYPE_CHECKING:
 FALLBACK_NOTE = (
     "Note: this call ran isolated in a fresh interpreter ({reason}); its state will not persist."
 )
+#: The first line of the result after the session's kernel was replaced, so that the model
+#: learns why its variables are gone instead of meeting a NameError.
+LOST_LINE = (
+    "[Session state was lost before this call: {why}; variables and imports from earlier "
+    "calls are gone.]"
+)
+LOST_WHY = {
+    "timeout": "the previous kernel timed out",
+    "cancelled": "a call was aborted while it ran (or its caller went away)",
+    "crashed": "the previous kernel crashed or exited (os._exit, a crash or a kill)",
+    "protocol_fault": "the previous kernel sent an invalid message and was discarded",
+    "evicted": "the previous kernel was evicted to make room for another session "
+    "(max_live_kernels)",
+    "reaped": "the previous kernel was stopped after being idle longer than kernel_idle_timeout_ms",
+}
 
 
 class Fallback(Exception):
@@ -202,6 +217,9 @@ class SessionRegistry:
         self._closed = False
         self.evicted_total = 0
         self.reaped_total = 0
+        # Kernels being stopped, until their process is confirmed gone: they still count
+        # against max_live_kernels (strict cap). The task is the stop attempt.
+        self._stopping: dict[ManagedKernel, asyncio.Task[bool]] = {}
 
     @property
     def config(self) -> Any:
@@ -245,7 +263,7 @@ class SessionRegistry:
             lost_reason = None if reused else entry.lost_reason
             tainted = reused and entry.tainted  # a fresh kernel holds nothing fetched
             if not reused:
-                await self._start(entry)
+                await self._start(entry, deadline, abort)
             assert entry.kernel is not None
             self._set_phase(entry, "running")
             request = request_for(f"cell{entry.cells_run + 1}.py")
@@ -372,22 +390,19 @@ class SessionRegistry:
             return
         entry.phase = "stopping"
         try:
-            await self._engine.stop(
-                kernel, reason="reset", mode="session", cells_run=entry.cells_run
-            )
-        except Exception as exc:
-            raise Fallback("stop_failed") from exc
+            # Shielded: a caller that dies meanwhile must not leave the stop half done.
+            gone = await asyncio.shield(self._retire(kernel, "reset", entry.cells_run))
         finally:
             entry.phase = "empty"
-        if await kernel.is_alive():
+        if not gone:
             raise Fallback("stop_failed")
         entry.cells_run = 0
 
-    async def _start(self, entry: SessionKernel) -> None:
+    async def _start(self, entry: SessionKernel, deadline: float, abort: Any) -> None:
         if entry.kernel is not None:  # present but dead (crash noticed late)
             self._discard(entry, "crashed")
-        self._admit(entry)
-        entry.phase = "starting"
+        await self._admit(entry, deadline, abort)
+        entry.phase = "starting"  # no await since _admit's check: the slot is ours
         try:
             entry.kernel = await self._engine.start_kernel(
                 entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
@@ -411,17 +426,71 @@ class SessionRegistry:
             status.last_used_unix = time.time()
             self._engine.index.touch()
 
-    def _admit(self, entry: SessionKernel) -> None:
-        """Make room under max_live_kernels: evict the LRU idle kernel, or fall back."""
-        live = [e for e in self._entries if e.holds_kernel and e is not entry]
-        if len(live) < self.config.max_live_kernels:
-            return
-        idle = [e for e in live if e.phase == "idle" and e.active is None and not e.queue]
-        if not idle:
-            raise Fallback("capacity_exhausted")
-        victim = min(idle, key=lambda e: e.last_used)
-        self.evicted_total += 1
-        self._stop_entry(victim, "evicted", keep_entry=True)
+    async def _admit(self, entry: SessionKernel, deadline: float, abort: Any) -> None:
+        """Make room under max_live_kernels (strict: stopping kernels count until gone).
+
+        Evicts the LRU idle kernel if needed and waits, within the call's deadline, for
+        kernels already being stopped to end (the 1 s grace periods bound that). Falls back
+        (``capacity_exhausted``) only when nothing is evictable and nothing is stopping.
+        """
+        while True:
+            await self._prune_stopping()
+            live = [e for e in self._entries if e.holds_kernel and e is not entry]
+            over = len(live) + len(self._stopping) + 1 - self.config.max_live_kernels
+            if over <= 0:
+                return
+            pending = [task for task in self._stopping.values() if not task.done()]
+            idle = [e for e in live if e.phase == "idle" and e.active is None and not e.queue]
+            if len(pending) < over and idle:  # the stops under way do not free enough
+                victim = min(idle, key=lambda e: e.last_used)
+                self.evicted_total += 1
+                self._stop_entry(victim, "evicted", keep_entry=True)
+                continue
+            if not pending:  # only running work, or kernels whose stop failed
+                raise Fallback("capacity_exhausted")
+            await self._wait_stopped(pending, deadline, abort)
+
+    async def _wait_stopped(
+        self, pending: list[asyncio.Task[bool]], deadline: float, abort: Any
+    ) -> None:
+        """Wait for one of ``pending`` to end; leave (nothing ran) on deadline or abort."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise _QueueLeft("timeout", "capacity")
+        if abort is not None and abort.is_set():
+            raise _QueueLeft("cancelled", "capacity")
+        # A short tick: a threading.Event abort can only be polled.
+        await asyncio.wait(pending, timeout=min(0.1, remaining))
+
+    async def _prune_stopping(self) -> None:
+        """Forget stop attempts that ended with the process gone."""
+        for kernel, task in list(self._stopping.items()):
+            if task.done() and not await kernel.is_alive():
+                self._stopping.pop(kernel, None)
+
+    def _retire(self, kernel: ManagedKernel, reason: str, cells_run: int) -> asyncio.Task[bool]:
+        """Stop ``kernel`` in the background; it counts as stopping until confirmed gone."""
+        task = self._engine.spawn(self._stop_kernel(kernel, reason, cells_run))
+        self._stopping[kernel] = task
+        return task
+
+    async def _stop_kernel(self, kernel: ManagedKernel, reason: str, cells_run: int) -> bool:
+        """One stop attempt; True once the process is confirmed gone."""
+        with contextlib.suppress(Exception):  # a failed stop leaves the kernel counted
+            await self._engine.stop(kernel, reason=reason, mode="session", cells_run=cells_run)
+        try:
+            gone = not await kernel.is_alive()
+        except Exception:
+            gone = False
+        if gone and self._stopping.get(kernel) is asyncio.current_task():
+            del self._stopping[kernel]
+        return gone
+
+    def _retry_stuck(self) -> None:
+        """Try again to stop kernels whose earlier stop attempt left them running."""
+        for kernel, task in list(self._stopping.items()):
+            if task.done() and not task.cancelled() and task.result() is False:
+                self._retire(kernel, "discarded", 0)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -443,7 +512,7 @@ class SessionRegistry:
         entry.phase = "empty"
         entry.lost_reason = lost or reason
         if kernel is not None:
-            self._engine.discard(kernel, reason=reason, mode="session", cells_run=entry.cells_run)
+            self._retire(kernel, reason, entry.cells_run)
         entry.cells_run = 0
         if not keep_entry or not entry.owners:
             self._drop_entry(entry)
@@ -483,6 +552,7 @@ class SessionRegistry:
             timeout_s = self.config.kernel_idle_timeout_ms / 1000
             await asyncio.sleep(max(0.05, min(timeout_s / 4, 30.0)))
             self.reap_idle()
+            self._retry_stuck()
 
     def reap_idle(self, now: float | None = None) -> int:
         """Stop kernels idle for longer than kernel_idle_timeout_ms; running work never."""
@@ -504,10 +574,13 @@ class SessionRegistry:
 
     def snapshot(self) -> dict[str, Any]:
         """Aggregate counts only: no keys, ids, paths or PIDs."""
-        phases: dict[str, int] = {p: 0 for p in ("starting", "idle", "running", "stopping")}
+        phases: dict[str, int] = {p: 0 for p in ("starting", "idle", "running")}
         for entry in self._entries:
             if entry.phase in phases:
                 phases[entry.phase] += 1
+        # Kernels being stopped (timeout, crash, eviction, reaping, reset, owners gone) until
+        # their process is confirmed gone; they count against the cap with ``live``.
+        phases["stopping"] = len(self._stopping)
         return {
             "live": sum(1 for e in self._entries if e.holds_kernel),
             "capacity": self.config.max_live_kernels,
@@ -552,11 +625,13 @@ def interpreter_identity(interpreter: str) -> str:
 
 
 class _QueueLeft(Exception):
-    """A queued call left the queue (its deadline passed or it was aborted)."""
+    """A call left before it started: its deadline passed or it was aborted while it waited
+    in the session queue (``where="queue"``) or for a kernel slot (``"capacity"``)."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, where: str = "queue") -> None:
         super().__init__(why)
         self.why = why
+        self.where = where
 
 
 # -- the facade's entry point -------------------------------------------------------------------
@@ -601,19 +676,22 @@ async def run_in_session(
                 str(exc), {**details, "persistent": True, "state_retained": True, "busy": True}
             )
         except _QueueLeft as left:
-            return _left_queue(left.why, call.timeout_ms, details)
+            return _left_queue(left, call.timeout_ms, details)
         except _OwnerGone:
+            # The spec's "caller death" row: state_retained false, though nothing ran.
             return refusal(
                 "execute_code: the session owner was closed while this call was "
                 "queued; nothing ran",
-                {**details, "persistent": True, "state_retained": True},
+                {**details, "persistent": True, "state_retained": False, "never_started": True},
             )
         else:
+            lost = run.details.get("kernel_lost_reason")
             return build_result(
                 run.cell,
                 timeout_ms=call.timeout_ms,
                 details={**details, **run.details},
                 tainted=run.tainted,
+                lead=lost_line(lost) if lost else None,
             )
     engine.telemetry.emit("session.fallback", {}, {"reason": reason})
     fallback = {**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False}
@@ -622,26 +700,42 @@ async def run_in_session(
     )
 
 
-def _left_queue(why: str, timeout_ms: int, details: dict[str, Any]) -> ExecuteCodeResult:
-    """A queued call that left the queue: nothing ran, the kernel is undisturbed."""
-    if why == "timeout":
-        content = (
-            f"Script timed out after {timeout_ms}ms.\n\nIt was still waiting in the "
-            "session's queue; nothing ran. The session's state is unchanged."
-        )
+def lost_line(reason: str) -> str:
+    """The result's first line when the session's previous kernel (and its state) is gone."""
+    return LOST_LINE.format(why=LOST_WHY.get(reason, "the previous kernel was discarded"))
+
+
+def _left_queue(left: _QueueLeft, timeout_ms: int, details: dict[str, Any]) -> ExecuteCodeResult:
+    """A call that gave up before it started: nothing ran, the kernel is undisturbed.
+
+    ``state_retained`` is false as in the spec's row "Timeout (including queued wait) / abort
+    / caller death": nothing of this call is in the kernel. ``never_started`` says the rest:
+    the kernel was not touched, and what earlier calls built is still there.
+    """
+    waiting = (
+        "waiting in the session queue"
+        if left.where == "queue"
+        else "waiting for a session kernel slot (max_live_kernels)"
+    )
+    if left.why == "timeout":
+        head = f"Script timed out after {timeout_ms}ms while {waiting}; it never started."
         flag = "timed_out"
     else:
-        content = (
-            "Script cancelled.\n\nIt was still waiting in the session's queue; nothing "
-            "ran. The session's state is unchanged."
-        )
+        head = f"Script cancelled while {waiting}; it never started."
         flag = "cancelled"
+    if left.where == "queue":
+        content = (
+            f"{head}\n\nNothing of it ran. The session's state from earlier calls is unchanged."
+        )
+    else:
+        content = f"{head}\n\nNothing of it ran; try again shortly."
     return ExecuteCodeResult(
         content,
         {
             **details,
             "persistent": True,
-            "state_retained": True,
+            "state_retained": False,
+            "never_started": True,
             "exit_code": None,
             "truncated": False,
             flag: True,
