@@ -24,7 +24,7 @@ from support import pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host import hygiene
-from lemon_exec.host.staging import sweep_stale_roots
+from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.kernel import supervise
 from lemon_exec.scope import SessionScope
 

@@ -1,4 +1,7 @@
-"""Tests for lemon_exec.host.staging: private directories, bounded removal, sweeping, reaping."""
+"""Tests for the staging area: private directories, bounded removal, sweeping, reaping.
+
+Modules: host.staging, host.private_fs, host.tree_removal, host.stale_roots.
+"""
 
 from __future__ import annotations
 
@@ -15,13 +18,11 @@ import pytest
 
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.errors import RefusedError
-from lemon_exec.host import staging
-from lemon_exec.host.staging import (
-    StagingRoot,
-    remove_tree,
-    sweep_stale_roots,
-    write_private_file,
-)
+from lemon_exec.host import private_fs, staging, stale_roots, tree_removal
+from lemon_exec.host.private_fs import write_private_file
+from lemon_exec.host.staging import StagingRoot
+from lemon_exec.host.stale_roots import sweep_stale_roots
+from lemon_exec.host.tree_removal import remove_tree
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -402,4 +403,7 @@ def test_create_sweeps_empty_stale_siblings(tmp_path: Path, dead_pid: int) -> No
 
 
 def test_module_exports() -> None:
-    assert set(staging.__all__) >= {"StagingRoot", "remove_tree", "sweep_stale_roots"}
+    assert set(staging.__all__) >= {"StagingRoot", "staging_base"}
+    assert set(tree_removal.__all__) >= {"remove_tree"}
+    assert set(stale_roots.__all__) >= {"sweep_stale_roots"}
+    assert set(private_fs.__all__) >= {"write_private_file"}

@@ -25,7 +25,8 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.host import hygiene
 from lemon_exec.host.reaper import SpillReaper
-from lemon_exec.host.staging import StagingRoot, sweep_stale_roots
+from lemon_exec.host.staging import StagingRoot
+from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.kernel import supervise
 
 pytestmark = pytest.mark.timeout(60)

@@ -17,7 +17,7 @@ from typing import Any
 
 from jupyter_client import AsyncKernelManager
 
-from lemon_exec.host.staging import write_private_file
+from lemon_exec.host.private_fs import write_private_file
 
 _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 

@@ -16,7 +16,7 @@ What even that could not clean (say the template was killed too) the next host s
 handles with :func:`sweep_dead_hosts`: it kills the processes a dead host recorded in its
 index (only if PID *and* start time still match) and deletes the connection files (the
 keys) the index names. It never traverses or removes the root: the staging sweep removes
-it once it is empty (:func:`lemon_exec.host.staging.sweep_stale_roots`), and the spill
+it once it is empty (:func:`lemon_exec.host.stale_roots.sweep_stale_roots`), and the spill
 reaper empties its ``spill/`` (:mod:`lemon_exec.host.reaper`).
 """
 
@@ -37,8 +37,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
-from lemon_exec.host import staging
 from lemon_exec.host.index import INDEX_NAME
+from lemon_exec.host.private_fs import DIR_FLAGS, OWNER_MARKER, read_owner_pid
+from lemon_exec.host.tree_removal import Budget, clear_dir
 from lemon_exec.kernel import supervise
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ _MAX_INDEX_BYTES = 1 << 20
 #: At most this many connection files an index names are deleted.
 _MAX_CONNECTION_FILES = 4096
 #: What a dead host's teardown keeps: spill files (24 h), the marker and index (next start).
-_TEARDOWN_KEEPS = frozenset({staging.OWNER_MARKER, INDEX_NAME, "spill"})
+_TEARDOWN_KEEPS = frozenset({OWNER_MARKER, INDEX_NAME, "spill"})
 
 
 class _Cleanable(Protocol):
@@ -134,17 +135,17 @@ def teardown_dead_host(root: Path, host_pid: int) -> bool:
     those are left; nothing happens unless ``root`` is ours, private, and its marker names
     ``host_pid``, which has ended.
     """
-    if not _own_private_dir(root) or staging._read_marker_pid(root) != host_pid:
+    if not _own_private_dir(root) or read_owner_pid(root) != host_pid:
         return False
     if supervise.running(host_pid):
         return False
     try:
-        fd = os.open(root, staging._DIR_FLAGS)
+        fd = os.open(root, DIR_FLAGS)
     except OSError:
         return False
     try:
-        budget = staging._Budget(REMOVE_TREE_MAX_ENTRIES)
-        return staging._clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
+        budget = Budget(REMOVE_TREE_MAX_ENTRIES)
+        return clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
     except OSError as exc:
         log.warning("execute_code: could not clean up %s: %s", root, exc)
         return False
@@ -196,7 +197,7 @@ def _delete_connection_files(root: Path, paths: list[str]) -> None:
     if not names:
         return
     try:
-        fd = os.open(runtime, staging._DIR_FLAGS)  # O_NOFOLLOW: never a symlinked runtime/
+        fd = os.open(runtime, DIR_FLAGS)  # O_NOFOLLOW: never a symlinked runtime/
     except OSError:
         return
     try:

@@ -33,7 +33,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lemon_exec._constants import SPILL_PREFIX
-from lemon_exec.host import staging
+from lemon_exec.host.private_fs import DIR_FLAGS
+from lemon_exec.host.staging import SPILL_MAX_AGE_S
+from lemon_exec.host.stale_roots import find_stale_roots
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +87,7 @@ class _Cursor:
     def _open(self) -> bool:
         self.kept = 0
         try:
-            fd = os.open(self.directory, staging._DIR_FLAGS)  # O_NOFOLLOW: no symlinked dir
+            fd = os.open(self.directory, DIR_FLAGS)  # O_NOFOLLOW: no symlinked dir
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -141,7 +143,7 @@ class _Cursor:
 
 def stale_roots(current: Path, max_candidates: int = MAX_STALE_CANDIDATES) -> list[Path]:
     """Siblings of ``current`` whose validated owner marker names a dead process."""
-    return staging._stale_roots(current.parent, max_candidates=max_candidates, exclude=current)
+    return find_stale_roots(current.parent, max_candidates=max_candidates, exclude=current)
 
 
 class SpillReaper:
@@ -154,7 +156,7 @@ class SpillReaper:
         stale: list[Path] | None = None,
         batch: int = BATCH_ENTRIES,
         window_s: float = WINDOW_S,
-        max_age_s: float = staging.SPILL_MAX_AGE_S,
+        max_age_s: float = SPILL_MAX_AGE_S,
         is_live: Callable[[Path], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
