@@ -9,6 +9,13 @@ Settings come from three layers, each overriding the one before it:
 A value a layer cannot parse is ignored with a warning, so the lower layer's value (or the
 default) stays in force. Numeric limits are clamped to at least 1 whichever way they are set.
 See ``docs/configuration.md`` for the user-facing reference.
+
+Each setting is one trait of :class:`ExecuteCodeConfig`, and everything else derives from
+it: its ``help`` documents it (``docs/conf.py`` generates the reference page from the
+traits), its ``config=True`` tag makes it a TOML key and a :data:`SETTING_KEYS` entry, its
+``env`` metadata names its environment variable, its ``convert`` metadata is the one
+conversion every layer and every assignment goes through, and ``clamp`` (low, high or None)
+bounds an integer.
 """
 
 from __future__ import annotations
@@ -52,42 +59,6 @@ TOML_TABLE: tuple[str, ...] = ("runtime", "tools", "execute_code")
 
 ENV_PREFIX = "LEMON_EXECUTE_CODE_"
 
-# The limits the spec clamps to positive integers.
-_POSITIVE_INT_KEYS: tuple[str, ...] = (
-    "timeout_ms",
-    "max_rpc_calls",
-    "max_rpc_result_bytes",
-    "max_output_bytes",
-    "max_text_bytes",
-    "max_parallel_rpc",
-    "kernel_idle_timeout_ms",
-    "max_live_kernels",
-    "max_queued_cells_per_kernel",
-    "max_spill_bytes",
-)
-
-# Every setting, in documentation order: the spec's 13 keys, then lemon_exec's extras.
-SETTING_KEYS: tuple[str, ...] = (
-    "enabled",
-    "python_path",
-    "timeout_ms",
-    "max_rpc_calls",
-    "max_rpc_result_bytes",
-    "max_output_bytes",
-    "max_text_bytes",
-    "max_parallel_rpc",
-    "tools",
-    "kernel_mode",
-    "kernel_idle_timeout_ms",
-    "max_live_kernels",
-    "max_queued_cells_per_kernel",
-    "warm_kernels",
-    "fork_server",
-    "max_concurrent_per_call",
-    "max_queued_per_call",
-    "max_spill_bytes",
-)
-
 #: The shortest wall-clock limit a run gets, whatever a call or the config asks for.
 MIN_TIMEOUT_MS = 1000
 
@@ -97,19 +68,91 @@ MAX_WARM_KERNELS = 8
 _TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 _FALSE_WORDS = frozenset({"0", "false", "no", "off"})
 
-_PYTHON_HINT = "set python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to"
+_PYTHON_HINT = f"set python_path (or {ENV_PREFIX}PYTHON_PATH) to"
+
+
+# --- conversions: one per setting, named by its trait's ``convert`` metadata -------------------
+
+#: What a conversion returns for a value it cannot use.
+_INVALID: Any = object()
+
+
+def _coerce_path(raw: Any) -> Any:
+    return os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else _INVALID
+
+
+def _coerce_mode(raw: Any) -> Any:
+    # Only the exact string "session" selects session mode; anything else is per_call
+    # (a string other than "per_call" is warned about where the trait normalises it).
+    if not isinstance(raw, str):
+        logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", raw)
+        return "per_call"
+    return raw
+
+
+def _coerce_bool(raw: Any) -> Any:
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, str):
+        word = raw.strip().lower()
+        if word in _TRUE_WORDS:
+            return True
+        if word in _FALSE_WORDS:
+            return False
+    return _INVALID
+
+
+def _coerce_int(raw: Any) -> Any:
+    # bool is an int subclass, but "timeout_ms = true" is a mistake, not 1.
+    if isinstance(raw, bool):
+        return _INVALID
+    if isinstance(raw, int):
+        return raw
+    if isinstance(raw, str):
+        text = raw.strip()
+        try:
+            return int(text)
+        except ValueError:
+            try:
+                raw = float(text)
+            except ValueError:
+                return _INVALID
+    if isinstance(raw, float):
+        # Floats truncate toward zero; NaN and infinities have no integer meaning.
+        return int(raw) if math.isfinite(raw) else _INVALID
+    return _INVALID
+
+
+def _coerce_tools(raw: Any) -> Any:
+    if isinstance(raw, str):
+        items: list[Any] = raw.split(",")
+    elif isinstance(raw, (list, tuple)):
+        items = list(raw)
+    else:
+        return _INVALID
+    # Unknown names are kept here and warned about (once) when the setting is assigned.
+    return [item.strip() for item in items if isinstance(item, str) and item.strip()]
+
+
+# --- trait types ---------------------------------------------------------------------------------
 
 
 class _Coerced(TraitType):  # type: ignore[misc]
-    """Converts an assigned value with the loader's rules (:func:`_coerce`) before checking.
+    """A setting: converts an assigned value with its ``convert`` metadata before checking.
 
-    So ``ExecuteCodeConfig(timeout_ms=2.9)`` or ``config.kernel_mode = True`` mean exactly
-    what the same value means in TOML or the environment, never a ``TraitError``: a value
-    those rules cannot use is ignored with a warning and the value in force stays.
+    ``convert`` is the loader's own conversion for the setting (the one TOML, environment
+    and override values go through), so ``ExecuteCodeConfig(timeout_ms=2.9)`` or
+    ``config.kernel_mode = True`` mean exactly what the same value means in TOML or the
+    environment, never a ``TraitError``: a value it cannot use is ignored with a warning and
+    the value in force stays.
     """
 
+    def convert(self, value: Any) -> Any:
+        """``value`` in this setting's type, or ``_INVALID``."""
+        return self.metadata["convert"](value)
+
     def validate(self, obj: HasTraits, value: Any) -> Any:
-        parsed = _coerce(self.name, value)
+        parsed = self.convert(value)
         if parsed is _INVALID:
             logger.warning("execute_code: ignoring unusable value %r for %s", value, self.name)
             if self.name in obj._trait_values:
@@ -123,7 +166,16 @@ class _Bool(_Coerced, Bool):  # type: ignore[misc]
 
 
 class _Int(_Coerced, Integer):  # type: ignore[misc]
-    pass
+    """An integer setting, clamped into its ``clamp`` metadata ``(low, high or None)``."""
+
+    def validate(self, obj: HasTraits, value: Any) -> Any:
+        number = super().validate(obj, value)
+        low, high = self.metadata.get("clamp", (None, None))
+        if low is not None:
+            number = max(low, number)
+        if high is not None:
+            number = min(number, high)
+        return number
 
 
 class _Str(_Coerced, Unicode):  # type: ignore[misc]
@@ -133,7 +185,12 @@ class _Str(_Coerced, Unicode):  # type: ignore[misc]
 class _List(_Coerced, List):  # type: ignore[misc]
     def set(self, obj: HasTraits, value: Any) -> None:
         # List.set wraps a lone string in a list; the loader splits it on commas instead.
-        super().set(obj, _coerce(self.name, value) if isinstance(value, str) else value)
+        super().set(obj, self.convert(value) if isinstance(value, str) else value)
+
+
+# ``clamp`` metadata: the spec clamps its limits to positive integers.
+_POSITIVE = (1, None)
+_NON_NEGATIVE = (0, None)
 
 
 class ExecuteCodeConfig(Configurable):
@@ -149,119 +206,107 @@ class ExecuteCodeConfig(Configurable):
         False,
         help="Whether the execute_code tool is offered at all. Front ends may default it on "
         "(see ExecuteCodeConfig.load(default_enabled=...)).",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_bool)
 
     python_path = _Str(
         "",
         help="Python interpreter that runs the kernels (it needs ipykernel). Blank means "
         "python3 found on PATH; a relative path is resolved against the working directory.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_path)
 
     timeout_ms = _Int(
         120_000,
         help="Wall-clock limit of one run, in milliseconds (a call's timeout_ms may lower it).",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_rpc_calls = _Int(
         100,
         help="Most helper (host-tool) calls one run may make.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_rpc_result_bytes = _Int(
         5_242_880,
         help="Most bytes of helper results one run may receive.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_output_bytes = _Int(
         50_000,
         help="Most bytes of printed output returned per run; longer output loses its middle "
         "and is saved to a spill file (up to max_spill_bytes).",
-    ).tag(config=True)
-
-    max_spill_bytes = _Int(
-        64 * 2**20,
-        help="Most bytes of one run's output saved to its spill file (default 64 MiB); "
-        "output past it is counted but not stored, and the result says the file is capped.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_text_bytes = _Int(
         65_536,
         help="Most bytes of text() blocks (the script's result) per run.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_parallel_rpc = _Int(
         4,
         help="Most helper calls one run may have in flight at once.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     tools = _List(
         Unicode(),
         default_value=[],
         help="Narrows the helper allowlist (read, grep, find, ls, webfetch). Empty means the "
         "full allowlist; unknown names are dropped; a list of only unknown names allows none.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_tools)
 
     kernel_mode = _Str(
         "per_call",
         help='"session" keeps one kernel per session; any other value means "per_call", a '
         "fresh kernel for every call.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_mode)
 
     kernel_idle_timeout_ms = _Int(
         1_800_000,
         help="A session kernel idle for this many milliseconds is shut down.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_live_kernels = _Int(
         16,
         help="Most session kernels alive at once (a strict cap; starting kernels count). "
         "Admission evicts the least recently used idle one; if none is idle the call runs "
         "isolated (fallback_reason capacity_exhausted). Per-call kernels are not counted.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     max_queued_cells_per_kernel = _Int(
         8,
         help="Most calls waiting for one session kernel; further calls are refused.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
     warm_kernels = _Int(
         1,
         help="Per-call kernels started ahead of time so a call need not wait for startup; "
         "0 disables warm spares; at most 8 (larger values are clamped).",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=(0, MAX_WARM_KERNELS))
 
     fork_server = _Bool(
         True,
         help="Start kernels by forking a template process that has already imported the "
         "kernel's modules (about 4x cheaper than a fresh interpreter). Off: every kernel is "
         "a new process launched by jupyter_client.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_bool)
 
     max_concurrent_per_call = _Int(
         0,
         help="Most per-call runs (kernels) at once; further calls wait in a bounded queue. "
         "0 means automatic: max(2, min(4 x CPU cores, 8 x available memory in GiB)).",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
 
     max_queued_per_call = _Int(
         64,
         help="Most per-call runs waiting for a free slot; further calls get a busy result at "
         "once. The wait counts against the call's timeout. 0: no queue.",
-    ).tag(config=True)
+    ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
 
-    # --- validation: runs for programmatic assignment as well as for load() ---------------
+    max_spill_bytes = _Int(
+        64 * 2**20,
+        help="Most bytes of one run's output saved to its spill file (default 64 MiB); "
+        "output past it is counted but not stored, and the result says the file is capped.",
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
-    @validate(*_POSITIVE_INT_KEYS)
-    def _clamp_positive(self, proposal: Any) -> int:
-        return max(1, int(proposal["value"]))
-
-    @validate("warm_kernels")
-    def _clamp_warm(self, proposal: Any) -> int:
-        return min(max(0, int(proposal["value"])), MAX_WARM_KERNELS)
-
-    @validate("max_concurrent_per_call", "max_queued_per_call")
-    def _clamp_non_negative(self, proposal: Any) -> int:
-        return max(0, int(proposal["value"]))
+    # --- checks beyond conversion and clamping; they run for every assignment ----------------
 
     @validate("tools")
     def _check_tools(self, proposal: Any) -> list[str]:
@@ -279,7 +324,7 @@ class ExecuteCodeConfig(Configurable):
             logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", value)
         return "per_call"
 
-    # --- derived views --------------------------------------------------------------------
+    # --- derived views -----------------------------------------------------------------------
 
     @property
     def mode(self) -> str:
@@ -314,7 +359,7 @@ class ExecuteCodeConfig(Configurable):
         values["tools"] = list(values["tools"])
         return values
 
-    # --- interpreter ------------------------------------------------------------------------
+    # --- interpreter -------------------------------------------------------------------------
 
     def resolve_python(self, cwd: str | os.PathLike[str] | None = None) -> str:
         """Return the absolute path of the interpreter to run kernels with.
@@ -404,6 +449,25 @@ class ExecuteCodeConfig(Configurable):
         return values["enabled"] is False
 
 
+def _collect_settings() -> dict[str, _Coerced]:
+    """Every setting's trait in definition order, each tagged with its ``env`` variable."""
+    settings = {
+        name: trait
+        for name, trait in vars(ExecuteCodeConfig).items()
+        if isinstance(trait, _Coerced) and trait.metadata.get("config")
+    }
+    for name, trait in settings.items():
+        trait.metadata.setdefault("env", ENV_PREFIX + name.upper())
+    return settings
+
+
+_SETTINGS = _collect_settings()
+
+#: Every setting, in documentation order: the spec's 13 keys, then lemon_exec's extras. Each
+#: is a key of the TOML table; its trait's ``env`` metadata names its environment variable.
+SETTING_KEYS: tuple[str, ...] = tuple(_SETTINGS)
+
+
 def canonical_python(path: str | os.PathLike[str]) -> str:
     """Return ``path`` absolute with every symlink resolved: one interpreter, one key.
 
@@ -417,8 +481,7 @@ def canonical_python(path: str | os.PathLike[str]) -> str:
 
 
 def _defaults() -> dict[str, Any]:
-    traits = ExecuteCodeConfig.class_traits()
-    values = {key: traits[key].default() for key in SETTING_KEYS}
+    values = {key: trait.default() for key, trait in _SETTINGS.items()}
     values["tools"] = list(values["tools"])
     return values
 
@@ -459,8 +522,8 @@ def _read_toml(toml_path: str | os.PathLike[str] | None) -> dict[str, Any]:
 def _read_environ(environ: Mapping[str, str] | None) -> dict[str, Any]:
     env = os.environ if environ is None else environ
     found: dict[str, Any] = {}
-    for key in SETTING_KEYS:
-        name = ENV_PREFIX + key.upper()
+    for key, trait in _SETTINGS.items():
+        name = trait.metadata["env"]
         if name in env:
             found[key] = env[name]
     return found
@@ -469,73 +532,8 @@ def _read_environ(environ: Mapping[str, str] | None) -> dict[str, Any]:
 def _merge(values: dict[str, Any], layer: dict[str, Any], source: str) -> None:
     """Apply ``layer`` onto ``values``; a value that does not parse leaves the old one."""
     for key, raw in layer.items():
-        parsed = _coerce(key, raw)
+        parsed = _SETTINGS[key].convert(raw)
         if parsed is _INVALID:
             logger.warning("execute_code: ignoring unusable %s value %r for %s", source, raw, key)
             continue
         values[key] = parsed
-
-
-_INVALID: Any = object()
-
-
-def _coerce(key: str, raw: Any) -> Any:
-    """Turn a TOML, environment or override value into the trait's type, or ``_INVALID``."""
-    if key in ("enabled", "fork_server"):
-        return _coerce_bool(raw)
-    if key == "python_path":
-        return os.fspath(raw) if isinstance(raw, (str, os.PathLike)) else _INVALID
-    if key == "tools":
-        return _coerce_tools(raw)
-    if key == "kernel_mode":
-        # Only the exact string "session" selects session mode; anything else is per_call
-        # (a string other than "per_call" is warned about where the trait normalises it).
-        if not isinstance(raw, str):
-            logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", raw)
-            return "per_call"
-        return raw
-    return _coerce_int(raw)
-
-
-def _coerce_bool(raw: Any) -> Any:
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str):
-        word = raw.strip().lower()
-        if word in _TRUE_WORDS:
-            return True
-        if word in _FALSE_WORDS:
-            return False
-    return _INVALID
-
-
-def _coerce_int(raw: Any) -> Any:
-    # bool is an int subclass, but "timeout_ms = true" is a mistake, not 1.
-    if isinstance(raw, bool):
-        return _INVALID
-    if isinstance(raw, int):
-        return raw
-    if isinstance(raw, str):
-        text = raw.strip()
-        try:
-            return int(text)
-        except ValueError:
-            try:
-                raw = float(text)
-            except ValueError:
-                return _INVALID
-    if isinstance(raw, float):
-        # Floats truncate toward zero; NaN and infinities have no integer meaning.
-        return int(raw) if math.isfinite(raw) else _INVALID
-    return _INVALID
-
-
-def _coerce_tools(raw: Any) -> Any:
-    if isinstance(raw, str):
-        items: list[Any] = raw.split(",")
-    elif isinstance(raw, (list, tuple)):
-        items = list(raw)
-    else:
-        return _INVALID
-    # Unknown names are kept here and warned about (once) when the setting is assigned.
-    return [item.strip() for item in items if isinstance(item, str) and item.strip()]

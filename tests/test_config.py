@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from lemon_exec.config import (
+    ENV_PREFIX,
     HELPER_ALLOWLIST,
+    MAX_WARM_KERNELS,
     SETTING_KEYS,
     ExecuteCodeConfig,
     canonical_python,
@@ -73,6 +75,17 @@ def test_every_setting_is_a_documented_config_trait() -> None:
     assert set(traits) == set(SETTING_KEYS)
     for name, trait in traits.items():
         assert trait.help, name
+
+
+def test_every_setting_carries_the_metadata_the_loader_and_docs_read() -> None:
+    # The loader and docs/conf.py derive env names, conversions and clamping from these tags.
+    traits = ExecuteCodeConfig.class_traits(config=True)
+    for name in SETTING_KEYS:
+        assert traits[name].metadata["env"] == ENV_PREFIX + name.upper()
+        assert callable(traits[name].metadata["convert"]), name
+    assert traits["timeout_ms"].metadata["clamp"] == (1, None)
+    assert traits["warm_kernels"].metadata["clamp"] == (0, MAX_WARM_KERNELS)
+    assert traits["max_queued_per_call"].metadata["clamp"] == (0, None)
 
 
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
