@@ -71,8 +71,8 @@ _GENERIC_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(pid)(\s*[=:]?\s*)\d+\b"), r"\1\2<pid>"),
 )
 
-# Details keys whose values vary from run to run and are replaced wholesale.
-_VOLATILE_DETAILS = {"duration_ms": "<ms>", "queue_wait_ms": "<ms>"}
+# Details keys whose values vary from run to run or machine to machine, replaced wholesale.
+_VOLATILE_DETAILS = {"duration_ms": "<ms>", "queue_wait_ms": "<ms>", "python": "<python>"}
 
 
 class Normalizer:
