@@ -558,7 +558,8 @@ b = cells.STATE.bridge
 replies = []
 _deliver = b.deliver
 def _spy(reply):
-    replies.append(dict(reply))
+    if 'ack' not in reply:  # receipt acks of dispatched calls are not answers
+        replies.append(dict(reply))
     return _deliver(reply)
 b.deliver = _spy
 def wait_reply(match, seconds=5.0):

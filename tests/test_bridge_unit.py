@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from lemon_exec.errors import ToolDenied, ToolFailure
-from lemon_exec.host.bridge import AUTH_FAILED, REPLAYED, BridgeLimits, HostBridge, new_token
+from lemon_exec.host.bridge import (
+    ACK_AFTER_S,
+    AUTH_FAILED,
+    REPLAYED,
+    BridgeLimits,
+    HostBridge,
+    new_token,
+)
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry
 
@@ -35,6 +42,7 @@ class Harness:
         on_notify: Callable[[str], None] | None = None,
     ) -> None:
         self.replies: list[dict[str, Any]] = []
+        self.acks: list[Any] = []  # call ids acknowledged on receipt (before the answer)
         self.active = 0
         self.max_active = 0
         self.release = asyncio.Event()
@@ -48,9 +56,15 @@ class Harness:
             enabled_tools=("echo", "slow", "boom"),
             cwd=Path("."),
             limits=limits,
-            send_reply=self.replies.append,
+            send_reply=self._record,
             on_notify=on_notify,
         )
+
+    def _record(self, content: dict[str, Any]) -> None:
+        if "ack" in content:
+            self.acks.append(content["ack"])
+        else:
+            self.replies.append(content)
 
     async def _echo(self, params: dict[str, Any], call: ToolCall) -> str:
         return str(params.get("value", ""))
@@ -172,6 +186,7 @@ def test_replay_unknown_malformed_oversized() -> None:
         assert h.reply_for(5)["error"].startswith("rpc request malformed: tool must be")
         contents = {r["id"]: r["content"] for r in h.replies if r["ok"]}
         assert contents == {1: "a", 3: "ok"}
+        assert h.acks == []  # answered at once: no ack needed
         s = h.bridge.stats
         assert (s.calls, s.errors, s.denied) == (4, 2, 0)  # 1, 2 (unknown), 3, 5 (malformed)
         assert s.tools == {"echo"}
@@ -243,6 +258,24 @@ def test_parallel_dispatch_bounded_and_cancelled_at_close() -> None:
         h.call(5)  # frames after close are ignored
         await h.settle()
         assert h.replies == [] and s.calls == 4
+
+    run(body)
+
+
+def test_a_call_still_running_is_acknowledged_before_its_answer() -> None:
+    """The kernel bounds only the wait for an ack or an answer: a slow call gets an ack."""
+
+    async def body() -> None:
+        h = Harness()
+        h.call(1, "slow")
+        await asyncio.sleep(ACK_AFTER_S / 2)
+        assert h.acks == []  # a call that answers quickly costs no ack
+        await asyncio.sleep(ACK_AFTER_S)
+        assert (h.acks, h.replies) == ([1], [])  # still running: acknowledged, once
+        h.release.set()
+        await h.settle()
+        assert h.reply_for(1)["content"] == "slow done"
+        assert h.acks == [1]
 
     run(body)
 

@@ -31,6 +31,9 @@ AUTH_FAILED = "rpc authentication failed"
 REPLAYED = "rpc request already processed"
 TOO_LARGE = f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)"
 OUT_OF_ORDER = "rpc request malformed: text blocks must be numbered in order"
+#: A call still running this long after its frame arrived is acknowledged (see _handle_call);
+#: far below the kernel's ack timeout (protocol.ACK_TIMEOUT_S).
+ACK_AFTER_S = 0.2
 
 
 def new_token() -> str:
@@ -181,9 +184,15 @@ class HostBridge:
             return
         self.stats.tools.add(tool)
         call = ToolCall(tool=tool, params=params, cwd=self._cwd, call_id=call_id)
-        task = asyncio.get_running_loop().create_task(self._dispatch(call))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._dispatch(call))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # A call still running after ACK_AFTER_S is acknowledged, so the kernel, which bounds
+        # only the wait for an ack or answer (a lost frame fails fast), waits on for the
+        # tool. Most calls answer sooner and cost no extra message on the hot path.
+        ack = loop.call_later(ACK_AFTER_S, self._reply, {"ack": call_id})
+        task.add_done_callback(lambda _task: ack.cancel())
 
     async def _dispatch(self, call: ToolCall) -> None:
         try:

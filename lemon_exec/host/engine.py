@@ -189,6 +189,8 @@ class Engine:
             )
         kernel.status.pid = kernel.pid or 0  # recorded in the index for sweep_dead_hosts
         kernel.status.mode = mode
+        if mode == "session":
+            kernel.publish()  # to Jupyter Server, when configured (docs/inspection.md)
         kernel.status.phase = "spare" if source == "spare" else "idle"
         self._live.add(kernel)
         self.index.touch()

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
+from lemon_exec.host import external
 from lemon_exec.host.index import INDEX_NAME
 from lemon_exec.host.private_fs import DIR_FLAGS, OWNER_MARKER, read_owner_pid
 from lemon_exec.host.tree_removal import Budget, clear_dir
@@ -145,7 +146,9 @@ def teardown_dead_host(root: Path, host_pid: int) -> bool:
         return False
     try:
         budget = Budget(REMOVE_TREE_MAX_ENTRIES)
-        return clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
+        cleared = clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
+        external.sweep_dangling()  # the kernels' links for Jupyter Server now dangle
+        return cleared
     except OSError as exc:
         log.warning("execute_code: could not clean up %s: %s", root, exc)
         return False
@@ -186,6 +189,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
                 killed += supervise.kill_tree(pid)
         names = [k.get("connection_file") for k in kernels[:_MAX_CONNECTION_FILES]]
         _delete_connection_files(root, [n for n in names if isinstance(n, str)])
+        external.sweep_dangling()  # their links for Jupyter Server now dangle
     return killed
 
 

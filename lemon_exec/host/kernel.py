@@ -37,7 +37,7 @@ from jupyter_client import AsyncKernelClient, AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
-from lemon_exec.host import hygiene
+from lemon_exec.host import external, hygiene
 from lemon_exec.host.connfile import PrivateKernelManager
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
@@ -81,6 +81,8 @@ class ManagedKernel:
         kernel_id: str,
         interpreter: str,
         log_path: Path,
+        iopub: zmq.asyncio.Socket,
+        iopub_path: Path,
     ) -> None:
         self.kernel_id = kernel_id
         self.interpreter = interpreter
@@ -88,6 +90,10 @@ class ManagedKernel:
         self._km = km
         self._kc = kc
         self._log_path = log_path
+        self._iopub = iopub
+        self._iopub_path = iopub_path
+        #: The link that publishes the connection file to Jupyter Server (see publish()).
+        self._published: Path | None = None
         self._sinks: dict[str, MessageSink] = {}
         self._readers: list[asyncio.Task[None]] = []
         self._monitors: list[zmq.asyncio.Socket] = []
@@ -119,8 +125,11 @@ class ManagedKernel:
     ) -> ManagedKernel:
         """Start a kernel and wait until it is ready; never leaves a process behind on failure."""
         kernel_id = secrets.token_hex(8)
+        # The host reads IOPub on a private channel the kernel binds (see kernel/app.py).
+        iopub_path = runtime_dir / f"k-{kernel_id}-ipc-host"
+        env = {**(env or {}), protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}"}
         spec_manager = LemonKernelSpecManager(
-            interpreter=interpreter, env=env or {}, fork_server_id=fork_server_id
+            interpreter=interpreter, env=env, fork_server_id=fork_server_id
         )
         km = PrivateKernelManager(
             context=shared_context(),
@@ -133,6 +142,7 @@ class ManagedKernel:
         log_path = runtime_dir / f"kernel-{kernel_id}.log"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         kernel: ManagedKernel | None = None
+        iopub: zmq.asyncio.Socket | None = None
         try:
             try:
                 await asyncio.wait_for(
@@ -151,9 +161,18 @@ class ManagedKernel:
                 ) from exc
             kc = km.client(context=shared_context())
             # No heartbeat (liveness is polled on the process, and its thread and socket per
-            # kernel are wasted) and no stdin (scripts have none).
-            kc.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=True)
-            kernel = cls(km, kc, kernel_id=kernel_id, interpreter=interpreter, log_path=log_path)
+            # kernel are wasted), no stdin (scripts have none) and not the public IOPub.
+            kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+            iopub = _connect_host_iopub(iopub_path)
+            kernel = cls(
+                km,
+                kc,
+                kernel_id=kernel_id,
+                interpreter=interpreter,
+                log_path=log_path,
+                iopub=iopub,
+                iopub_path=iopub_path,
+            )
             kernel._start_readers()
             await kernel._wait_ready(time.monotonic() + timeout)
             return kernel
@@ -161,7 +180,10 @@ class ManagedKernel:
             if kernel is not None:
                 await kernel.kill()
             else:
+                if iopub is not None:
+                    iopub.close(linger=0)
                 await _kill_manager(km)
+                _unlink(iopub_path)
             _unlink(log_path)
             raise
         finally:
@@ -213,9 +235,12 @@ class ManagedKernel:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._close_monitors()
+        self._unpublish()
         self._kc.stop_channels()
+        self._iopub.close(linger=0)
         await _kill_manager(self._km)
         _unlink(self._log_path)
+        _unlink(self._iopub_path)
 
     def kill_sync(self) -> None:
         """SIGKILL the process group and remove files without awaiting (exit-time cleanup)."""
@@ -230,13 +255,32 @@ class ManagedKernel:
                 os.killpg(pgid, signal.SIGKILL)
             elif pid:
                 os.kill(pid, signal.SIGKILL)
-        for path in (Path(self.connection_file), self._log_path):
+        self._unpublish()
+        for path in (Path(self.connection_file), self._log_path, self._iopub_path):
             _unlink(path)
         self._close_monitors()
 
     @property
     def disposed(self) -> bool:
         return self._disposed
+
+    def publish(self) -> None:
+        """Link the connection file into the Jupyter external-kernels directory, if set.
+
+        Only when ``LEMON_EXEC_JUPYTER_EXTERNAL_DIR`` names one (see docs/inspection.md):
+        Jupyter Server started with ``allow_external_kernels`` then lists the kernel. A
+        symlink, so that it dangles (and Jupyter drops the kernel) as soon as the
+        connection file is gone, even when this host dies without unpublishing. Never
+        fails the caller: a directory that cannot be used is logged and skipped.
+        """
+        if self._published is not None or self._disposed:
+            return
+        self._published = external.publish(self.kernel_id, Path(self.connection_file))
+
+    def _unpublish(self) -> None:
+        if self._published is not None:
+            _unlink(self._published)
+            self._published = None
 
     async def is_alive(self) -> bool:
         return not self._disposed and await self._km.is_alive()
@@ -298,15 +342,15 @@ class ManagedKernel:
 
     def _start_readers(self) -> None:
         channels = (
-            ("IOPub", self._kc.iopub_channel, self._route_iopub),
-            ("shell", self._kc.shell_channel, self._route_reply),
-            ("control", self._kc.control_channel, _ignore),
+            ("IOPub", self._iopub, self._route_iopub),
+            ("shell", self._kc.shell_channel.socket, self._route_reply),
+            ("control", self._kc.control_channel.socket, _ignore),
         )
-        for name, channel, route in channels:
-            self._readers.append(asyncio.create_task(self._read(name, channel.socket, route)))
-            monitor = channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        for name, socket, route in channels:
+            self._readers.append(asyncio.create_task(self._read(name, socket, route)))
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             self._monitors.append(monitor)
-            self._readers.append(asyncio.create_task(self._watch(name, channel.socket, monitor)))
+            self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
 
     async def _read(
         self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
@@ -379,8 +423,10 @@ class ManagedKernel:
                 log.exception("error reporting a protocol fault")
 
     def _close_monitors(self) -> None:
-        for channel in (self._kc.iopub_channel, self._kc.shell_channel, self._kc.control_channel):
-            socket = getattr(channel, "socket", None)
+        sockets = [
+            getattr(c, "socket", None) for c in (self._kc.shell_channel, self._kc.control_channel)
+        ]
+        for socket in (self._iopub, *sockets):
             if socket is not None and not socket.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     socket.disable_monitor()
@@ -415,8 +461,9 @@ def shared_context() -> zmq.asyncio.Context:
     """One zmq context (one IO thread) for every kernel connection of this process.
 
     jupyter_client would otherwise create two per kernel. Receive queues are bounded: the
-    kernel's IOPub blocks instead of dropping (XPUB_NODROP), so a flood of output waits in
-    the kernel rather than piling up in this process (at most 64 messages of <= 64 KiB).
+    kernel's private IOPub channel to the host blocks instead of dropping, so a flood of
+    output waits in the kernel rather than piling up in this process (at most 64 messages of
+    <= 64 KiB).
     No frame over MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel
     sends.
     """
@@ -426,6 +473,16 @@ def shared_context() -> zmq.asyncio.Context:
         _CONTEXT.setsockopt(zmq.RCVHWM, 64)
         _CONTEXT.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
     return _CONTEXT
+
+
+def _connect_host_iopub(path: Path) -> zmq.asyncio.Socket:
+    """The host's end of the kernel's private IOPub channel (see kernel/app.py)."""
+    socket = shared_context().socket(zmq.PULL)
+    socket.setsockopt(zmq.LINGER, 0)
+    # The kernel binds a moment after it starts: retry the connection quickly.
+    socket.setsockopt(zmq.RECONNECT_IVL, 10)
+    socket.connect(f"ipc://{path}")
+    return socket
 
 
 def _drop_note(size: int | None, *, lost_around: bool = False) -> str:

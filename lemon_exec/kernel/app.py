@@ -18,8 +18,13 @@ from traitlets import DottedObjectName, Type
 from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
+from lemon_exec.kernel.protocol import HOST_IOPUB_ENV
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
+
+#: Messages queued for the host before a send blocks. Small: a bridge frame waits behind at
+#: most this many output chunks (64 KiB each) on its way to the host.
+_HOST_IOPUB_HWM = 128
 
 #: How the note names what was not sent, by message type.
 _KINDS = {
@@ -61,10 +66,16 @@ class LemonKernelApp(IPKernelApp):
             super().init_iopub(context)
         finally:
             kernelapp.IOPubThread = saved  # type: ignore[misc]
-        # Block instead of silently dropping when a subscriber falls behind: dropped bridge
-        # frames would leave a helper waiting, and dropped output would break truncation.
-        # Together with ChunkedStream this slows a flooding script to the host's pace.
-        self.iopub_thread.socket.setsockopt(zmq.XPUB_NODROP, 1)
+        # The public IOPub socket (the one in the connection file) keeps zmq's default: a
+        # subscriber that falls behind loses messages, so a viewer that stops reading (a
+        # suspended Jupyter Server, an idle client) never stalls a script. The host reads a
+        # private copy of every message instead, which blocks rather than drops: no bridge
+        # frame or output is ever lost, and with ChunkedStream a flooding script slows to
+        # the host's pace (docs/comm-protocol.md §7).
+        address = os.environ.pop(HOST_IOPUB_ENV, "")
+        if address:
+            assert isinstance(self.iopub_thread, LocalIOPubThread)
+            self.iopub_thread.host_socket = _bind_host_iopub(context, address)
 
 
 class LocalIOPubThread(IOPubThread):
@@ -77,6 +88,8 @@ class LocalIOPubThread(IOPubThread):
 
     def __init__(self, socket: Any, pipe: bool = False, session: Any = False) -> None:
         super().__init__(socket, pipe=False, session=session)
+        #: The host's private channel (see LemonKernelApp.init_iopub), or None without a host.
+        self.host_socket: Any = None
 
     def send_multipart(self, *args: Any, **kwargs: Any) -> None:
         # Checked in the sending thread, before the message is queued for the IO thread.
@@ -122,7 +135,29 @@ class LocalIOPubThread(IOPubThread):
         # (jupyter_client's Session already drops what a child sends through it).
         if not self._is_master_process():
             return
-        super()._really_send(msg, *args, **kwargs)
+        host = self.host_socket
+        if host is not None and not host.closed:
+            # Blocks while the host's queue is full: the host never loses a message.
+            host.send_multipart(msg, *args, **kwargs)
+        super()._really_send(msg, *args, **kwargs)  # public: drops for slow subscribers
+
+    def close(self) -> None:
+        super().close()
+        if self.host_socket is not None:
+            self.host_socket.close(linger=1000)  # let the last messages (idle) reach the host
+
+
+def _bind_host_iopub(context: Any, address: str) -> Any:
+    """The host's private IOPub channel: a PUSH socket that blocks when the host lags.
+
+    PUSH, not PUB: nothing is dropped before the host has connected or while it is behind,
+    and nobody else reads it (its address is in the kernel's environment, never in the
+    connection file).
+    """
+    socket = context.socket(zmq.PUSH)
+    socket.setsockopt(zmq.SNDHWM, _HOST_IOPUB_HWM)
+    socket.bind(address)
+    return socket
 
 
 def _is_delimiter(frame: Any) -> bool:

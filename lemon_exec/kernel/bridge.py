@@ -10,8 +10,10 @@ running while the main thread is busy in the script (docs/comm-protocol.md §3).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
+import time
 from typing import Any
 
 from lemon_exec.kernel import protocol
@@ -22,13 +24,24 @@ class ToolError(Exception):
 
 
 class _Pending:
-    """A frame that waits for the host's reply."""
+    """A frame that waits for the host's reply (and, before it, the host's ack)."""
 
-    __slots__ = ("event", "reply")
+    __slots__ = ("acked", "event", "reply")
 
     def __init__(self) -> None:
         self.event = threading.Event()
         self.reply: dict[str, Any] | None = None
+        #: The host has the frame: from then on the wait has no bound but the cell's end.
+        self.acked = False
+
+
+def ack_timeout_s() -> float:
+    """How long a frame may go unacknowledged before the helper fails (protocol.py)."""
+    try:
+        value = float(os.environ.get(protocol.ACK_TIMEOUT_ENV, ""))
+    except ValueError:
+        return protocol.ACK_TIMEOUT_S
+    return value if value > 0 else protocol.ACK_TIMEOUT_S
 
 
 class CellBridge:
@@ -62,6 +75,7 @@ class CellBridge:
         self._notify_n = 0
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._closed = False
+        self._ack_timeout_s = ack_timeout_s()
 
     # -- kernel → host ------------------------------------------------------------------
 
@@ -155,12 +169,21 @@ class CellBridge:
         return self._await(key, pending)
 
     def _await(self, key: tuple[str, int], pending: _Pending) -> dict[str, Any]:
+        # The host acknowledges a call as soon as it has the frame, and answers a text block
+        # at once: a frame unacknowledged for this long was lost on the way (e.g. dropped by
+        # a relay), and waiting longer would only hang the script.
+        deadline = time.monotonic() + self._ack_timeout_s
         try:
             # Wait in short slices: the cell may end (close() wakes us) and the main thread
             # must stay interruptible by SIGINT while it waits.
-            while not pending.event.wait(0.5):
+            while not pending.event.wait(0.25):
                 if self._closed:
                     break
+                if not pending.acked and time.monotonic() > deadline:
+                    raise ToolError(
+                        f"no reply from the host within {self._ack_timeout_s:g} s: the "
+                        f"{key[0]} frame was lost on its way to the host; try again"
+                    )
         finally:
             with self._lock:
                 self._pending.pop(key, None)
@@ -208,6 +231,14 @@ class CellBridge:
 
     def deliver(self, reply: dict[str, Any]) -> bool:
         """Hand a host reply to the thread waiting for it; False when nobody waits."""
+        ack = reply.get("ack")
+        if isinstance(ack, int) and not isinstance(ack, bool):
+            with self._lock:
+                pending = self._pending.get(("call", ack))
+            if pending is None:
+                return False
+            pending.acked = True  # the wait for the answer is now bounded by the cell only
+            return True
         if isinstance(reply.get("id"), int) and not isinstance(reply.get("id"), bool):
             key = ("call", reply["id"])
         elif isinstance(reply.get("n"), int) and not isinstance(reply.get("n"), bool):

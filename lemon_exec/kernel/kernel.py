@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import threading
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
@@ -27,6 +28,13 @@ from lemon_exec.kernel.streams import ChunkedStream
 MANAGED_EXIT_NOTE = (
     "This kernel belongs to a lemon_exec session and keeps running (state kept); "
     "your console detaches."
+)
+
+
+#: The interrupt_reply error a viewer gets while the agent's script runs (docs/inspection.md).
+AGENT_CELL_NOT_INTERRUPTIBLE = (
+    "the running cell is the lemon_exec agent's script: a viewer can interrupt only the "
+    "cells it started itself (the agent's call has its own timeout)"
 )
 
 
@@ -73,6 +81,10 @@ class LemonKernel(IPythonKernel):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # What runs on the main thread, for interrupt_request (control thread): "idle", the
+        # agent's "script", or a viewer's ordinary "cell". Changed and read under the lock.
+        self._running = "idle"
+        self._running_lock = threading.Lock()
         cells.install_thread_tagging()
         # Scripts never read stdin; ordinary cells keep ipykernel's input() forwarding.
         sys.stdin = script.NoStdin()  # type: ignore[assignment]
@@ -103,6 +115,32 @@ class LemonKernel(IPythonKernel):
             "traceback": [],
         }
         self.session.send(stream, "shutdown_reply", content, parent, ident=ident)
+
+    # -- interrupts -----------------------------------------------------------------------
+
+    async def interrupt_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
+        # The host interrupts its scripts with signals, never with this message: an
+        # interrupt_request comes from a viewer (JupyterLab's Interrupt, a console's Ctrl-C).
+        # In a managed kernel it may stop only a viewer's own cell, never the agent's script,
+        # and an idle kernel is left alone (the agent's next script could start meanwhile).
+        if not _managed():
+            await super().interrupt_request(stream, ident, parent)
+            return
+        content: dict[str, Any] = {"status": "ok"}
+        with self._running_lock:
+            running = self._running
+            if running == "cell":
+                try:
+                    self._send_interrupt_children()
+                except OSError as exc:
+                    content = _error_content(type(exc).__name__, str(exc))
+        if running == "script":
+            content = _error_content("ManagedKernel", AGENT_CELL_NOT_INTERRUPTIBLE)
+        self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
+
+    def _set_running(self, what: str) -> None:
+        with self._running_lock:
+            self._running = what
 
     # -- host replies on the control channel ----------------------------------------------
 
@@ -142,17 +180,21 @@ class LemonKernel(IPythonKernel):
         cell_id: str | None = None,
     ) -> dict[str, Any]:
         lemon = (cell_meta or {}).get(protocol.CELL_METADATA_KEY)
-        if not isinstance(lemon, dict):
-            return await super().do_execute(
-                code,
-                silent,
-                store_history,
-                user_expressions,
-                allow_stdin,
-                cell_meta=cell_meta,
-                cell_id=cell_id,
-            )
-        return await self._run_lemon_cell(code, lemon)
+        self._set_running("script" if isinstance(lemon, dict) else "cell")
+        try:
+            if not isinstance(lemon, dict):
+                return await super().do_execute(
+                    code,
+                    silent,
+                    store_history,
+                    user_expressions,
+                    allow_stdin,
+                    cell_meta=cell_meta,
+                    cell_id=cell_id,
+                )
+            return await self._run_lemon_cell(code, lemon)
+        finally:
+            self._set_running("idle")
 
     async def _run_lemon_cell(self, code: str, meta: dict[str, Any]) -> dict[str, Any]:
         if meta.get("v") != protocol.PROTOCOL_VERSION:
@@ -216,6 +258,10 @@ class LemonKernel(IPythonKernel):
             "traceback": [],
             "lemon": script.Outcome("protocol_error", 1, ename, evalue).to_dict(),
         }
+
+
+def _error_content(ename: str, evalue: str) -> dict[str, Any]:
+    return {"status": "error", "ename": ename, "evalue": evalue, "traceback": []}
 
 
 def _merge_fd(fd: int, *, into: int) -> int | None:

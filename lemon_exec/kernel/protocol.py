@@ -28,6 +28,18 @@ CELL_METADATA_KEY = "lemon"
 #: kernel refuses shutdown requests from attached clients (the host stops it with signals).
 MANAGED_ENV = "LEMON_EXEC_MANAGED"
 
+#: The address of the host's private IOPub channel (a PUSH socket the kernel binds), given
+#: in the kernel's environment by the host. The host reads IOPub only there, with blocking
+#: semantics; the public IOPub socket of the connection file drops for slow subscribers, so
+#: a viewer that stops reading can never stall a script (docs/inspection.md).
+HOST_IOPUB_ENV = "LEMON_EXEC_HOST_IOPUB"
+
+#: How long the kernel waits for the host to acknowledge a frame that needs an answer
+#: (a ``call``'s ack or a ``text`` block's reply) before failing the helper: a bound on a
+#: lost frame, not on the tool's own run time. Override with this environment variable.
+ACK_TIMEOUT_ENV = "LEMON_EXEC_ACK_TIMEOUT_S"
+ACK_TIMEOUT_S = 20.0
+
 #: Largest serialised frame either side accepts (fixed by the spec).
 FRAME_CAP_BYTES = 256 * 1024
 

@@ -1,0 +1,147 @@
+"""Jupyter Server support for viewing live lemon_exec session kernels (docs/inspection.md).
+
+Jupyter Server lists session kernels as *external kernels* (connection files a host links
+into ``external_connection_dir``, see :mod:`lemon_exec.host.external`), but it does not own
+them, and its stock handling of such kernels fails: Interrupt and Restart answer HTTP 500,
+and once a kernel was shut down from the UI, ``GET /api/kernels`` answers 500 for good as
+soon as its connection file goes. This module makes every command safe and clear:
+
+- :class:`LemonMappingKernelManager` (``ServerApp.kernel_manager_class``): the kernel list
+  survives kernels that were shut down and then went away; *Interrupt* sends an
+  ``interrupt_request`` on the control channel (the server has no process to signal) and
+  reports the kernel's refusal as HTTP 409; *Shut Down* forgets the kernel in this server
+  only (it keeps running for the agent).
+- the server extension (``ServerApp.jpserver_extensions``): *Restart* of an external kernel
+  answers HTTP 409 with the reason, where stock Jupyter Server turns every failure into 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from jupyter_core.utils import ensure_async
+from jupyter_server.services.kernels.handlers import KernelActionHandler, _kernel_id_regex
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
+
+#: How long Interrupt waits for the kernel's interrupt_reply.
+INTERRUPT_REPLY_TIMEOUT_S = 5.0
+
+RESTART_REFUSED = (
+    "this kernel is external to Jupyter Server (a lemon_exec session kernel, or another "
+    "process's kernel): it cannot be restarted from here, which would destroy its owner's "
+    "state; interrupt your own cell instead, or shut it down to forget it here"
+)
+
+
+class LemonMappingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
+    """Jupyter Server's kernel manager, safe with external (lemon_exec) kernels."""
+
+    def _forget_gone(self) -> None:
+        # jupyter_client drops an external kernel when its file goes by deleting it from
+        # _kernels, which raises KeyError (HTTP 500 on every later listing) when the kernel
+        # was already shut down here. Drop such entries first.
+        files = getattr(self, "kernel_id_to_connection_file", {})
+        for kernel_id, path in list(files.items()):
+            if kernel_id not in self._kernels and not path.is_file():
+                del files[kernel_id]
+
+    def list_kernel_ids(self) -> list[str]:
+        self._forget_gone()
+        return super().list_kernel_ids()  # type: ignore[no-any-return]
+
+    def list_kernels(self) -> list[dict[str, Any]]:
+        self._forget_gone()
+        return super().list_kernels()  # type: ignore[no-any-return]
+
+    async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
+        km = self.get_kernel(kernel_id)
+        if km.owns_kernel:
+            await super().interrupt_kernel(kernel_id)
+            return
+        reply = await _control_request(km, "interrupt_request")
+        if reply is None:
+            raise web.HTTPError(
+                504,
+                f"the kernel did not answer the interrupt request within "
+                f"{INTERRUPT_REPLY_TIMEOUT_S:g} s",
+            )
+        content = reply.get("content") or {}
+        if content.get("status") != "ok":
+            why = str(content.get("evalue") or content.get("ename") or "no reason given")
+            raise web.HTTPError(409, "interrupt refused: " + why.replace("%", "%%"))
+        self.log.info("Kernel interrupted (interrupt_request): %s", kernel_id)
+
+    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:
+        if not self.get_kernel(kernel_id).owns_kernel:
+            raise web.HTTPError(409, RESTART_REFUSED)
+        await super().restart_kernel(kernel_id, now=now)
+
+    async def shutdown_kernel(self, kernel_id: str, *args: Any, **kwargs: Any) -> None:
+        km = self._kernels.get(kernel_id)
+        if km is not None and not km.owns_kernel:
+            # Forget it here; it is not ours to stop (and a managed kernel would refuse).
+            self.remove_kernel(kernel_id)
+            self._kernel_connections.pop(kernel_id, None)
+            self.log.info("External kernel forgotten (it keeps running): %s", kernel_id)
+            return
+        await super().shutdown_kernel(kernel_id, *args, **kwargs)
+
+
+async def _control_request(km: Any, msg_type: str) -> dict[str, Any] | None:
+    """Send ``msg_type`` on the kernel's control channel; its reply, or None on timeout."""
+    kc = km.client()
+    kc.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        msg = kc.session.msg(msg_type, {})
+        kc.control_channel.send(msg)
+        deadline = time.monotonic() + INTERRUPT_REPLY_TIMEOUT_S
+        while (remaining := deadline - time.monotonic()) > 0:
+            try:
+                reply = await ensure_async(kc.control_channel.get_msg(timeout=remaining))
+            except (asyncio.TimeoutError, TimeoutError, Exception):  # queue.Empty on timeout
+                return None
+            if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
+                return dict(reply)
+        return None
+    finally:
+        kc.stop_channels()
+
+
+class _ActionHandler(KernelActionHandler):  # type: ignore[misc]
+    """Interrupt and restart, with a refusal reported as itself instead of HTTP 500."""
+
+    @web.authenticated
+    async def post(self, kernel_id: str, action: str) -> None:
+        km = self.kernel_manager
+        if action == "restart" and kernel_id in km and not km.get_kernel(kernel_id).owns_kernel:
+            raise web.HTTPError(409, RESTART_REFUSED)
+        await super().post(kernel_id, action)
+
+
+def _jupyter_server_extension_points() -> list[dict[str, str]]:
+    return [{"module": "lemon_exec.viewer"}]
+
+
+def _load_jupyter_server_extension(serverapp: Any) -> None:
+    # Handlers added by an extension take precedence over the server's own.
+    serverapp.web_app.add_handlers(
+        ".*$",
+        [
+            (
+                serverapp.base_url.rstrip("/") + rf"/api/kernels/{_kernel_id_regex}/"
+                r"(?P<action>restart|interrupt)",
+                _ActionHandler,
+            )
+        ],
+    )
+    if not isinstance(serverapp.kernel_manager, LemonMappingKernelManager):
+        serverapp.log.warning(
+            "lemon_exec.viewer: set ServerApp.kernel_manager_class="
+            "lemon_exec.viewer.LemonMappingKernelManager too (docs/inspection.md)"
+        )
+
+
+__all__ = ["LemonMappingKernelManager"]

@@ -1,0 +1,369 @@
+"""Viewers never stall or destroy the agent's work (issue 12, items 4 and 5).
+
+- A real Jupyter Server (a ``jupyter server`` subprocess on loopback, with a token) lists a
+  live session kernel as an external kernel (the host links its connection file into the
+  server's ``external_connection_dir``); a viewer reads the agent's variable over the kernel
+  websocket; Interrupt, Restart and Shut Down answer clearly (never 500) and leave the
+  agent's state alone; after the host stops, ``GET /api/kernels`` is 200 without the kernel.
+- A subscriber on the kernel's public IOPub that never reads does not slow the agent: it
+  prints 50 MB and calls ``text()`` and its call completes.
+- A bridge frame that gets no answer fails the helper with a clear error within the ack
+  timeout instead of hanging the script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from websockets.sync.client import connect
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.external import EXTERNAL_DIR_ENV
+from lemon_exec.kernel import protocol
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+
+AGENT_SETUP = "agent_var = {'answer': 42}\ntext('ready')"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A ``jupyter server`` subprocess that sees external kernels in ``external``."""
+
+    def __init__(self, tmp: Path, external: Path) -> None:
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+            "JUPYTER_DATA_DIR": str(tmp / "data"),
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyter_server",
+                "--no-browser",
+                "--allow-root",
+                "--ip=127.0.0.1",
+                f"--port={self.port}",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={tmp}",
+                "--ServerApp.allow_external_kernels=True",
+                f"--ServerApp.external_connection_dir={external}",
+                "--ServerApp.kernel_manager_class=lemon_exec.viewer.LemonMappingKernelManager",
+                "--ServerApp.jpserver_extensions={'lemon_exec.viewer': True}",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115 - closed with the process
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.request("GET", "/api/status")
+                return
+            except (OSError, urllib.error.URLError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError((tmp / "server.log").read_text()[-3000:]) from None
+                time.sleep(0.2)
+
+    def request(self, method: str, path: str) -> tuple[int, Any]:
+        req = urllib.request.Request(
+            self.base + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+            data=b"" if method == "POST" else None,
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                body = resp.read()
+                return resp.status, json.loads(body) if body else None
+        except urllib.error.HTTPError as exc:
+            body = exc.read()
+            return exc.code, json.loads(body) if body else None
+
+    def ws(self, kernel_id: str) -> Any:
+        url = f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
+        return connect(url, additional_headers={"Authorization": f"token {self.token}"})
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _send_execute(ws: Any, code: str) -> str:
+    msg_id = uuid.uuid4().hex
+    ws.send(
+        json.dumps(
+            {
+                "header": {
+                    "msg_id": msg_id,
+                    "msg_type": "execute_request",
+                    "username": "viewer",
+                    "session": uuid.uuid4().hex,
+                    "version": "5.3",
+                    "date": "2024-01-01T00:00:00Z",
+                },
+                "parent_header": {},
+                "metadata": {},
+                "content": {"code": code, "silent": False, "allow_stdin": False},
+                "channel": "shell",
+            }
+        )
+    )
+    return msg_id
+
+
+def _collect(ws: Any, msg_id: str, timeout: float = 30) -> tuple[str, dict[str, Any]]:
+    """Stream output and the execute_reply content of ``msg_id``."""
+    out: list[str] = []
+    deadline = time.monotonic() + timeout
+    reply: dict[str, Any] | None = None
+    idle = False
+    while not (reply is not None and idle):
+        msg = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "stream":
+            out.append(msg["content"]["text"])
+        elif msg["msg_type"] == "execute_reply":
+            reply = msg["content"]
+        elif msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            idle = True
+    return "".join(out), reply
+
+
+@pytest.fixture
+def external(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    directory = tmp_path / "external"
+    directory.mkdir(mode=0o700)
+    monkeypatch.setenv(EXTERNAL_DIR_ENV, str(directory))
+    return directory
+
+
+def _session_host(**overrides: Any) -> ExecuteCode:
+    settings: dict[str, Any] = {
+        "enabled": True,
+        "kernel_mode": "session",
+        "warm_kernels": 0,
+        "python_path": sys.executable,
+        "timeout_ms": 60_000,
+        **overrides,
+    }
+    config = ExecuteCodeConfig(**settings)
+    return ExecuteCode(config)
+
+
+def test_jupyter_server_commands_on_a_live_session_kernel(tmp_path: Path, external: Path) -> None:
+    tool = _session_host()
+    server: Server | None = None
+    closed = False
+    try:
+        scope = SessionScope("viewer", "agent", tmp_path)
+        first = tool.run_sync(AGENT_SETUP, scope=scope)
+        assert first.content == "Script result (text()):\nready", first.content
+        links = list(external.iterdir())
+        assert len(links) == 1 and links[0].name.startswith("lemon-"), links
+        server = Server(tmp_path, external)
+
+        status, kernels = server.request("GET", "/api/kernels")
+        assert status == 200 and len(kernels) == 1, kernels
+        kid = kernels[0]["id"]
+        assert kernels[0]["name"] == "lemon-python"
+
+        with server.ws(kid) as ws:
+            out, reply = _collect(ws, _send_execute(ws, "print(agent_var['answer'])"))
+            assert (out, reply["status"]) == ("42\n", "ok")
+
+            # Interrupt with nothing running: nothing to stop, and nothing is stopped.
+            assert server.request("POST", f"/api/kernels/{kid}/interrupt")[0] == 204
+
+            # Interrupt during the viewer's own cell stops that cell.
+            msg_id = _send_execute(ws, "import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
+            deadline = time.monotonic() + 30
+            while True:  # wait until the cell runs
+                msg = json.loads(ws.recv(timeout=30))
+                if msg.get("parent_header", {}).get("msg_id") == msg_id and (
+                    msg["msg_type"] == "stream"
+                ):
+                    break
+                assert time.monotonic() < deadline
+            assert server.request("POST", f"/api/kernels/{kid}/interrupt")[0] == 204
+            _, reply = _collect(ws, msg_id)
+            assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt"
+
+        # Interrupt during the agent's script is refused, clearly, and the script goes on.
+        results: list[Any] = []
+        worker = threading.Thread(
+            target=lambda: results.append(
+                tool.run_sync(
+                    "import time\ntime.sleep(1.5)\ntext(agent_var['answer'])", scope=scope
+                )
+            )
+        )
+        worker.start()
+        time.sleep(0.7)
+        status, body = server.request("POST", f"/api/kernels/{kid}/interrupt")
+        worker.join(60)
+        assert status == 409, (status, body)
+        assert "agent's script" in body["message"]
+        assert results[0].content == "Script result (text()):\n42", results[0].content
+
+        # Restart is refused (it would destroy the agent's state).
+        status, body = server.request("POST", f"/api/kernels/{kid}/restart")
+        assert status == 409, (status, body)
+        assert "cannot be restarted" in body["message"]
+
+        # Shut Down forgets the kernel in the server; it keeps running for the agent.
+        assert server.request("DELETE", f"/api/kernels/{kid}")[0] == 204
+        status, kernels = server.request("GET", "/api/kernels")
+        assert (status, kernels) == (200, [])
+        after = tool.run_sync("text(agent_var['answer'] + 1)", scope=scope)
+        assert after.content == "Script result (text()):\n43"
+        assert after.details["state_retained"] is True
+
+        # The host stops the kernel: its link goes, and the server's list stays healthy.
+        tool.close()
+        closed = True
+        assert list(external.iterdir()) == []
+        status, kernels = server.request("GET", "/api/kernels")
+        assert (status, kernels) == (200, [])
+    finally:
+        if not closed:
+            tool.close()
+        if server is not None:
+            server.stop()
+
+
+def test_a_subscriber_that_never_reads_does_not_stall_the_agent(tmp_path: Path) -> None:
+    """A SUB on the kernel's public IOPub, never read, while the agent floods 50 MB."""
+    tool = _session_host()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.RCVHWM, 1)
+    sub.setsockopt(zmq.RCVBUF, 4096)
+    sub.setsockopt(zmq.LINGER, 0)
+    try:
+        scope = SessionScope("flood", "agent", tmp_path)
+        first = tool.run_sync(AGENT_SETUP, scope=scope)
+        info = json.loads(Path(_connection_file(tool, first)).read_text())
+        sub.connect(f"{info['transport']}://{info['ip']}-{info['iopub_port']}")
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        time.sleep(0.5)  # the subscription reaches the kernel
+        started = time.monotonic()
+        result = tool.run_sync(
+            # 6,400 flushed messages of 8 KiB: far more than the socket queues hold.
+            "chunk = 'x' * 8191 + '\\n'\n"
+            "for _ in range(6400):\n    print(chunk, end='', flush=True)\n"
+            "text(agent_var['answer'])",
+            scope=scope,
+        )
+        elapsed = time.monotonic() - started
+        assert result.content.startswith("Script result (text()):\n42"), result.content[:300]
+        assert result.details["state_retained"] is True
+        assert elapsed < 60, elapsed
+    finally:
+        sub.close()
+        ctx.term()
+        tool.close()
+
+
+def _connection_file(tool: ExecuteCode, result: Any) -> str:
+    from lemon_exec.host.index import read_indexes
+
+    deadline = time.monotonic() + 5
+    while True:
+        rows = [
+            r
+            for r in read_indexes()
+            if r.get("public_id") == result.details["kernel_id"]
+            and r.get("host_pid") == os.getpid()
+        ]
+        if rows:
+            return str(rows[0]["connection_file"])
+        assert time.monotonic() < deadline, "kernel not in the index"
+        time.sleep(0.05)
+
+
+def test_a_lost_bridge_frame_fails_the_helper_instead_of_hanging() -> None:
+    """A kernel whose 'host' never answers a call: the helper fails within the ack timeout."""
+    from jupyter_client import KernelManager
+
+    km = KernelManager(kernel_name="lemon-python")
+    km.start_kernel(env={**os.environ, protocol.ACK_TIMEOUT_ENV: "2"})
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=60)
+        meta = {
+            protocol.CELL_METADATA_KEY: {
+                "v": protocol.PROTOCOL_VERSION,
+                "token": secrets.token_urlsafe(protocol.TOKEN_BYTES),
+                "comm_id": secrets.token_hex(16),
+                "helpers": ["read"],
+                "max_text_bytes": 65536,
+                "filename": "script.py",
+            }
+        }
+        code = (
+            "import time\nt = time.monotonic()\n"
+            "for f in (lambda: read('a.txt'), lambda: text('block')):\n"
+            "    try:\n        f()\n    except ToolError as e:\n"
+            "        print(f'{type(e).__name__}: {e} after {time.monotonic() - t:.0f}s')\n"
+            "        t = time.monotonic()\n"
+        )
+        msg = kc.session.msg(
+            "execute_request",
+            {"code": code, "silent": False, "store_history": False, "allow_stdin": False},
+            metadata=meta,
+        )
+        kc.shell_channel.send(msg)
+        out: list[str] = []
+        deadline = time.monotonic() + 30
+        while True:
+            assert time.monotonic() < deadline, f"the script hangs: {''.join(out)!r}"
+            try:
+                iopub = kc.get_iopub_msg(timeout=1)
+            except Exception:
+                continue
+            if iopub["parent_header"].get("msg_id") != msg["header"]["msg_id"]:
+                continue
+            if iopub["msg_type"] == "stream":
+                out.append(iopub["content"]["text"])
+            if iopub["msg_type"] == "status" and iopub["content"]["execution_state"] == "idle":
+                break
+        lost = "no reply from the host within 2 s: the {} frame was lost on its way to the host"
+        assert "".join(out).splitlines() == [
+            f"ToolError: {lost.format('call')}; try again after 2s",
+            f"ToolError: {lost.format('text')}; try again after 2s",
+        ]
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
