@@ -79,8 +79,8 @@ class Engine:
         self.config = config
         self.tool_host = tool_host
         self.telemetry = telemetry
-        hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         staging_base = staging_dir(staging_base)  # $TMPDIR, validated: never a fallback
+        hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         self.staging = StagingRoot.create(staging_base)
         self._pypath = kernel_pythonpath(self.staging.path / "pypath")
         self.pool = KernelPool(
