@@ -26,7 +26,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from traitlets import Bool, HasTraits, Integer, List, TraitType, Unicode, validate
 from traitlets.config import Configurable
@@ -137,7 +137,20 @@ def _coerce_tools(raw: Any) -> Any:
 # --- trait types ---------------------------------------------------------------------------------
 
 
-class _Coerced(TraitType):  # type: ignore[misc]
+_G = TypeVar("_G")
+_S = TypeVar("_S")
+
+
+class _Validating(TraitType[_G, _S]):
+    """Declares, for the type checker only, the ``validate`` that the concrete trait class
+    after :class:`_Coerced` in the MRO (``Bool``, ``Int``, ...) provides at run time."""
+
+    if TYPE_CHECKING:
+
+        def validate(self, obj: Any, value: Any) -> Any: ...
+
+
+class _Coerced(_Validating[_G, _S]):
     """A setting: converts an assigned value with its ``convert`` metadata before checking.
 
     ``convert`` is the loader's own conversion for the setting (the one TOML, environment
@@ -161,11 +174,11 @@ class _Coerced(TraitType):  # type: ignore[misc]
         return super().validate(obj, parsed)
 
 
-class _Bool(_Coerced, Bool):  # type: ignore[misc]
+class _Bool(_Coerced[bool, Any], Bool[bool, Any]):
     pass
 
 
-class _Int(_Coerced, Integer):  # type: ignore[misc]
+class _Int(_Coerced[int, Any], Integer[int, Any]):
     """An integer setting, clamped into its ``clamp`` metadata ``(low, high or None)``."""
 
     def validate(self, obj: HasTraits, value: Any) -> Any:
@@ -178,11 +191,11 @@ class _Int(_Coerced, Integer):  # type: ignore[misc]
         return number
 
 
-class _Str(_Coerced, Unicode):  # type: ignore[misc]
+class _Str(_Coerced[str, Any], Unicode[str, Any]):
     pass
 
 
-class _List(_Coerced, List):  # type: ignore[misc]
+class _List(_Coerced[list[Any], Any], List[Any]):
     def set(self, obj: HasTraits, value: Any) -> None:
         # List.set wraps a lone string in a list; the loader splits it on commas instead.
         super().set(obj, self.convert(value) if isinstance(value, str) else value)
@@ -449,7 +462,7 @@ class ExecuteCodeConfig(Configurable):
         return values["enabled"] is False
 
 
-def _collect_settings() -> dict[str, _Coerced]:
+def _collect_settings() -> dict[str, _Coerced[Any, Any]]:
     """Every setting's trait in definition order, each tagged with its ``env`` variable."""
     settings = {
         name: trait
@@ -481,7 +494,7 @@ def canonical_python(path: str | os.PathLike[str]) -> str:
 
 
 def _defaults() -> dict[str, Any]:
-    values = {key: trait.default() for key, trait in _SETTINGS.items()}
+    values: dict[str, Any] = {key: trait.default() for key, trait in _SETTINGS.items()}
     values["tools"] = list(values["tools"])
     return values
 

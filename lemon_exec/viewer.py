@@ -36,8 +36,11 @@ RESTART_REFUSED = (
 )
 
 
-class LemonMappingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc]
+class LemonMappingKernelManager(AsyncMappingKernelManager):
     """Jupyter Server's kernel manager, safe with external (lemon_exec) kernels."""
+
+    # jupyter_client types this class's methods as its synchronous base's (run_sync wrappers
+    # returning None); the overrides and awaits below follow the real, asynchronous ones.
 
     def _forget_gone(self) -> None:
         # jupyter_client drops an external kernel when its file goes by deleting it from
@@ -50,16 +53,17 @@ class LemonMappingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc
 
     def list_kernel_ids(self) -> list[str]:
         self._forget_gone()
-        return super().list_kernel_ids()  # type: ignore[no-any-return]
+        return super().list_kernel_ids()
 
     def list_kernels(self) -> list[dict[str, Any]]:
         self._forget_gone()
-        return super().list_kernels()  # type: ignore[no-any-return]
+        kernels: list[dict[str, Any]] = super().list_kernels()  # type: ignore[no-untyped-call]
+        return kernels
 
     async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
         km = self.get_kernel(kernel_id)
         if km.owns_kernel:
-            await super().interrupt_kernel(kernel_id)
+            await super().interrupt_kernel(kernel_id)  # type: ignore[misc]  # a coroutine
             return
         reply = await _control_request(km, "interrupt_request")
         if reply is None:
@@ -74,12 +78,12 @@ class LemonMappingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc
             raise web.HTTPError(409, "interrupt refused: " + why.replace("%", "%%"))
         self.log.info("Kernel interrupted (interrupt_request): %s", kernel_id)
 
-    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:
+    async def restart_kernel(self, kernel_id: str, now: bool = False) -> None:  # type: ignore[override]
         if not self.get_kernel(kernel_id).owns_kernel:
             raise web.HTTPError(409, RESTART_REFUSED)
-        await super().restart_kernel(kernel_id, now=now)
+        await super().restart_kernel(kernel_id, now=now)  # type: ignore[no-untyped-call]
 
-    async def shutdown_kernel(self, kernel_id: str, *args: Any, **kwargs: Any) -> None:
+    async def shutdown_kernel(self, kernel_id: str, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         km = self._kernels.get(kernel_id)
         if km is not None and not km.owns_kernel:
             # Forget it here; it is not ours to stop (and a managed kernel would refuse).
@@ -87,7 +91,7 @@ class LemonMappingKernelManager(AsyncMappingKernelManager):  # type: ignore[misc
             self._kernel_connections.pop(kernel_id, None)
             self.log.info("External kernel forgotten (it keeps running): %s", kernel_id)
             return
-        await super().shutdown_kernel(kernel_id, *args, **kwargs)
+        await super().shutdown_kernel(kernel_id, *args, **kwargs)  # type: ignore[no-untyped-call]
 
 
 async def _control_request(km: Any, msg_type: str) -> dict[str, Any] | None:
@@ -110,7 +114,7 @@ async def _control_request(km: Any, msg_type: str) -> dict[str, Any] | None:
         kc.stop_channels()
 
 
-class _ActionHandler(KernelActionHandler):  # type: ignore[misc]
+class _ActionHandler(KernelActionHandler):
     """Interrupt and restart, with a refusal reported as itself instead of HTTP 500."""
 
     @web.authenticated
@@ -118,7 +122,8 @@ class _ActionHandler(KernelActionHandler):  # type: ignore[misc]
         km = self.kernel_manager
         if action == "restart" and kernel_id in km and not km.get_kernel(kernel_id).owns_kernel:
             raise web.HTTPError(409, RESTART_REFUSED)
-        await super().post(kernel_id, action)
+        # tornado types an @authenticated method as returning an awaitable or None.
+        await ensure_async(super().post(kernel_id, action))
 
 
 def _jupyter_server_extension_points() -> list[dict[str, str]]:

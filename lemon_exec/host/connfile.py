@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
-from jupyter_client import AsyncKernelManager
+from jupyter_client.manager import AsyncKernelManager
 
 from lemon_exec.host.private_fs import write_private_file
 
 _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
 
 
-class PrivateKernelManager(AsyncKernelManager):  # type: ignore[misc]
+class PrivateKernelManager(AsyncKernelManager):
     """``AsyncKernelManager`` whose ipc connection file leaves its directory's mode alone."""
 
     def write_connection_file(self, **kwargs: Any) -> None:
@@ -55,5 +56,5 @@ class PrivateKernelManager(AsyncKernelManager):  # type: ignore[misc]
                 info[name] = value.decode("ascii")
         info.update(kwargs)
         directory, name = os.path.split(self.connection_file)
-        write_private_file(directory, name, json.dumps(info, indent=2))
+        write_private_file(Path(directory), name, json.dumps(info, indent=2))
         self._connection_file_written = True

@@ -13,6 +13,7 @@ import zmq
 from ipykernel import kernelapp
 from ipykernel.iostream import IOPubThread
 from ipykernel.kernelapp import IPKernelApp
+from ipykernel.kernelbase import Kernel
 from traitlets import DottedObjectName, Type
 
 from lemon_exec.kernel.kernel import LemonKernel
@@ -40,8 +41,9 @@ _KINDS = {
 
 
 class LemonKernelApp(IPKernelApp):
+    # ipykernel leaves IPKernelApp's methods unannotated: calls into them are untyped calls.
     name = "lemon-python-kernel"
-    kernel_class = Type(LemonKernel, klass="ipykernel.kernelbase.Kernel").tag(config=True)
+    kernel_class = Type(LemonKernel, klass=Kernel).tag(config=True)
     outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
         config=True
     )
@@ -52,7 +54,7 @@ class LemonKernelApp(IPKernelApp):
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)
-        super().initialize(argv)
+        super().initialize(argv)  # type: ignore[no-untyped-call]
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
 
     def init_iopub(self, context: Any) -> None:
@@ -60,12 +62,14 @@ class LemonKernelApp(IPKernelApp):
         # PULL socket on tcp://127.0.0.1:<random>, which any local user could connect to and
         # write into a running script's output. Build it without; forked children write to
         # the captured file descriptors instead (see streams.BoundedOutStream).
-        saved = kernelapp.IOPubThread
-        kernelapp.IOPubThread = LocalIOPubThread  # type: ignore[misc]
+        # Swapped through the module's namespace: kernelapp does not re-export IOPubThread.
+        namespace = vars(kernelapp)
+        saved = namespace["IOPubThread"]
+        namespace["IOPubThread"] = LocalIOPubThread
         try:
-            super().init_iopub(context)
+            super().init_iopub(context)  # type: ignore[no-untyped-call]
         finally:
-            kernelapp.IOPubThread = saved  # type: ignore[misc]
+            namespace["IOPubThread"] = saved
         # The public IOPub socket (the one in the connection file) keeps zmq's default: a
         # subscriber that falls behind loses messages, so a viewer that stops reading (a
         # suspended Jupyter Server, an idle client) never stalls a script. The host reads a
@@ -86,14 +90,15 @@ class LocalIOPubThread(IOPubThread):
     same parent takes its place, and everything else goes on normally.
     """
 
+    # ipykernel leaves IOPubThread's methods unannotated: calls into them are untyped calls.
     def __init__(self, socket: Any, pipe: bool = False, session: Any = False) -> None:
-        super().__init__(socket, pipe=False, session=session)
+        super().__init__(socket, pipe=False, session=session)  # type: ignore[no-untyped-call]
         #: The host's private channel (see LemonKernelApp.init_iopub), or None without a host.
         self.host_socket: Any = None
 
     def send_multipart(self, *args: Any, **kwargs: Any) -> None:
         # Checked in the sending thread, before the message is queued for the IO thread.
-        if args and isinstance(args[0], list | tuple) and self._is_master_process():
+        if args and isinstance(args[0], list | tuple) and self._is_master_process():  # type: ignore[no-untyped-call]
             frames = args[0]
             size = sum(_nbytes(frame) for frame in frames)
             if size > MAX_MESSAGE_BYTES:
@@ -101,7 +106,7 @@ class LocalIOPubThread(IOPubThread):
                 if note is None:
                     return
                 args = (note, *args[1:])
-        super().send_multipart(*args, **kwargs)
+        super().send_multipart(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def _oversize_note(self, frames: Any, size: int) -> list[bytes] | None:
         """The frames of the stream note that replaces an over-limit message (None: drop)."""
@@ -133,16 +138,16 @@ class LocalIOPubThread(IOPubThread):
         # A forked child must not use its parent's zmq socket (it is not fork-safe); its
         # text reaches the parent through the captured file descriptors, the rest is dropped
         # (jupyter_client's Session already drops what a child sends through it).
-        if not self._is_master_process():
+        if not self._is_master_process():  # type: ignore[no-untyped-call]
             return
         host = self.host_socket
         if host is not None and not host.closed:
             # Blocks while the host's queue is full: the host never loses a message.
             host.send_multipart(msg, *args, **kwargs)
-        super()._really_send(msg, *args, **kwargs)  # public: drops for slow subscribers
+        super()._really_send(msg, *args, **kwargs)  # type: ignore[no-untyped-call]  # public: drops for slow subscribers
 
     def close(self) -> None:
-        super().close()
+        super().close()  # type: ignore[no-untyped-call]
         if self.host_socket is not None:
             self.host_socket.close(linger=1000)  # let the last messages (idle) reach the host
 

@@ -36,7 +36,7 @@ class ChunkedStream(io.TextIOBase):
         self._buffer = _BytesToText(self)
 
     @property
-    def buffer(self) -> io.RawIOBase:  # type: ignore[override]
+    def buffer(self) -> io.RawIOBase:
         """``sys.stdout.buffer`` as scripts know it: bytes in, decoded as UTF-8."""
         return self._buffer
 
@@ -93,15 +93,17 @@ class BoundedOutStream(OutStream):
        parent's zmq sockets.
     """
 
+    # ipykernel leaves OutStream's methods unannotated: calls into them are untyped calls.
     _unflushed = 0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pipe_lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        super().__init__(*args, **kwargs)
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
-    def write(self, string: str) -> int | None:
-        if not self._is_master_process():
+    # int | None is OutStream.write's own type (None: a child's flush is already pending).
+    def write(self, string: str) -> int | None:  # type: ignore[override]
+        if not self._is_master_process():  # type: ignore[no-untyped-call]
             return self._write_from_child(string)
         # A lone surrogate would make the message unencodable and lose the whole chunk.
         written = super().write(normalize_text(string) if isinstance(string, str) else string)
@@ -115,8 +117,8 @@ class BoundedOutStream(OutStream):
         self._unflushed = 0
         # In a forked child the buffers hold the parent's unsent text, which is not ours
         # to send (the parent does), and writes went to the file descriptor already.
-        if self._is_master_process():
-            super().flush()
+        if self._is_master_process():  # type: ignore[no-untyped-call]
+            super().flush()  # type: ignore[no-untyped-call]
 
     def flush_pending(self) -> None:
         """Flush only if something was written (or waits in the pipe) since the last flush."""
@@ -128,7 +130,7 @@ class BoundedOutStream(OutStream):
         """Move whatever child processes wrote so far into the stream, before a new write."""
         fid = getattr(self, "_fid", None)
         # A forked child inherits the pipe's read end: draining there would steal the bytes.
-        if fid is None or not self._should_watch or not self._is_master_process():
+        if fid is None or not self._should_watch or not self._is_master_process():  # type: ignore[no-untyped-call]
             return
         with self._pipe_lock:
             while _pending_bytes(fid) > 0:

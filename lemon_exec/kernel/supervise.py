@@ -80,7 +80,9 @@ def start_time(pid: int) -> int | None:
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
-    return bool(fields) and fields[0] not in ("Z", "X")
+    if not fields:
+        return False
+    return fields[0] not in ("Z", "X")
 
 
 def same_process(pid: int, started: int | None) -> bool:

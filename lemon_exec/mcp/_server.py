@@ -414,7 +414,7 @@ class _SchemaTool(Tool):
     """
 
     async def run(
-        self, arguments: dict[str, Any], context: Context, convert_result: bool = False
+        self, arguments: dict[str, Any], context: Context[Any, Any], convert_result: bool = False
     ) -> Any:
         try:
             return await self.fn(arguments, context)
@@ -510,6 +510,7 @@ def _code_result(result: ExecuteCodeResult) -> CallToolResult:
     )
 
 
-def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
+def _jsonable(value: Mapping[str, object]) -> dict[str, Any]:
     # details hold plain values today; the round trip guards the wire against a future Path.
-    return json.loads(json.dumps(value, default=str))
+    plain: dict[str, Any] = json.loads(json.dumps(value, default=str))
+    return plain

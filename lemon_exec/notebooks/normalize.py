@@ -15,7 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from lemon_exec._constants import SPILL_PREFIX, STAGING_ROOT_PREFIX
 
@@ -23,6 +23,10 @@ __all__ = ["SCENARIO_DIR_PREFIX", "Normalizer", "Record", "normalize_record"]
 
 #: Prefix of the temporary working directory a scenario runs in (see the runner).
 SCENARIO_DIR_PREFIX = "lemon-scenario-"
+
+#: A path key of :class:`Normalizer`'s ``paths`` (a TypeVar: ``Mapping`` is invariant in
+#: its keys, so a ``dict[str, str]`` would not match ``Mapping[str | PathLike[str], str]``).
+_PathT = TypeVar("_PathT", bound="str | os.PathLike[str]")
 
 #: A comparable, JSON-ready view of one call: what the model read, what the caller saw.
 Record = dict[str, Any]
@@ -87,11 +91,12 @@ class Normalizer:
 
     def __init__(
         self,
-        paths: Mapping[str | os.PathLike[str], str] | None = None,
+        paths: Mapping[_PathT, str] | None = None,
         rules: Iterable[Sequence[str]] = (),
     ) -> None:
         pairs: dict[str, str] = {}
-        for raw, placeholder in (paths or {}).items():
+        for key, placeholder in (paths or {}).items():
+            raw: str | os.PathLike[str] = key
             for form in {os.fspath(raw), os.path.realpath(os.fspath(raw))}:
                 if form and form != os.sep:
                     pairs[form.rstrip(os.sep)] = placeholder

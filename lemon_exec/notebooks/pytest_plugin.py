@@ -27,11 +27,14 @@ from __future__ import annotations
 
 import fnmatch
 import json
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from pluggy import Result
 
 __all__ = [
     "ScenarioFailure",
@@ -97,7 +100,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Iterator[None]:
+def pytest_collect_file(
+    file_path: Path, parent: pytest.Collector
+) -> Generator[None, Result[list[pytest.Collector]], None]:
     """Collect scenario notebooks (see the module docstring for which), each exactly once.
 
     A wrapper, so it sees what other plugins (nbmake, nbval) collected for the same file.
