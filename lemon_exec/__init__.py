@@ -17,7 +17,9 @@ _EXPORTS = {
     "ExecuteCodeConfig": "lemon_exec.config",
     "ExecuteCodeResult": "lemon_exec.result",
     "SessionScope": "lemon_exec.scope",
-    "SessionOwner": "lemon_exec.host.sessions",
+    "SessionOwner": "lemon_exec.session",
+    "AbortSignal": "lemon_exec.scope",
+    "ScriptSource": "lemon_exec.scope",
     "Telemetry": "lemon_exec.telemetry",
     "ToolCall": "lemon_exec.tools",
     "ToolRegistry": "lemon_exec.tools",
@@ -31,17 +33,15 @@ _EXPORTS = {
     "KernelError": "lemon_exec.errors",
     "KernelStartError": "lemon_exec.errors",
     "InterpreterError": "lemon_exec.errors",
-    "DeadKernelError": "lemon_exec.errors",
-    "ProtocolError": "lemon_exec.errors",
     "SessionBusyError": "lemon_exec.errors",
     "ToolFailure": "lemon_exec.errors",
     "ToolDenied": "lemon_exec.errors",
 }
 
 __all__ = [
+    "AbortSignal",
     "ApprovalOutcome",
     "ConfigError",
-    "DeadKernelError",
     "ExecuteCode",
     "ExecuteCodeConfig",
     "ExecuteCodeResult",
@@ -50,8 +50,8 @@ __all__ = [
     "KernelStartError",
     "LemonExecError",
     "PolicyDecision",
-    "ProtocolError",
     "RefusedError",
+    "ScriptSource",
     "SessionBusyError",
     "SessionOwner",
     "SessionScope",
@@ -83,21 +83,19 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from lemon_exec.config import ExecuteCodeConfig
     from lemon_exec.errors import (
         ConfigError,
-        DeadKernelError,
         InterpreterError,
         KernelError,
         KernelStartError,
         LemonExecError,
-        ProtocolError,
         RefusedError,
         SessionBusyError,
         ToolDenied,
         ToolFailure,
     )
     from lemon_exec.facade import ExecuteCode
-    from lemon_exec.host.sessions import SessionOwner
     from lemon_exec.result import ExecuteCodeResult
-    from lemon_exec.scope import SessionScope
+    from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
+    from lemon_exec.session import SessionOwner
     from lemon_exec.telemetry import Telemetry
     from lemon_exec.tools import (
         ApprovalOutcome,

@@ -180,9 +180,9 @@ def idle(facade: ExecuteCode) -> None:
     engine = facade._engine
     assert engine is not None
     deadline = time.monotonic() + 5
-    while engine.admission.running and time.monotonic() < deadline:
+    while facade._modes.admission.running and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert engine.admission.running == 0
+    assert facade._modes.admission.running == 0
 
 
 def burst(facade: ExecuteCode, script: str, n: int) -> tuple[list[ExecuteCodeResult], list[str]]:
@@ -274,7 +274,7 @@ def test_forty_concurrent_default_calls_all_return(
     try:
         assert facade.run_sync("text('warm')").ok
         assert facade._engine is not None
-        limit = facade._engine.admission.limit
+        limit = facade._modes.admission.limit
         started = time.monotonic()
         with KernelSampler(facade, lambda: len(session_kernels(host=os.getpid()))) as sampler:
             results, errors = burst(facade, "text('ok')", 40)

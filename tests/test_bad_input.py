@@ -126,7 +126,7 @@ def test_config_timeout_zero_gets_the_one_second_floor() -> None:
         engine = facade._engine
         assert engine is not None
         deadline = time.monotonic() + 20
-        while engine.pool.spare_count < 1 and time.monotonic() < deadline:
+        while facade._modes.pool.spare_count < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         result = facade.run_sync("import time\ntime.sleep(0.2)\nprint('ran')")
     assert result.ok, result.content
@@ -176,7 +176,7 @@ def test_kernel_start_timeout_is_a_result_not_an_exception() -> None:
         assert facade.run_sync("print('warm')").ok  # starts the fork server in the background
         engine = facade._engine
         assert engine is not None
-        (server,) = engine._forkservers.values()
+        (server,) = engine.backend._forkservers.values()
         deadline = time.monotonic() + 20
         while not server.ready and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -81,24 +81,24 @@ def test_spare_started_before_an_env_change_is_never_used(
     assert facade.run_sync("pass").ok
     engine = facade._engine
     assert engine is not None
-    wait_for(lambda: engine.pool.spare_count >= 1)  # started while VAR was unset
+    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # started while VAR was unset
 
     monkeypatch.setenv(VAR, "set-after-the-spare-started")
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n", result.content
     assert result.details["kernel_source"] == "cold"  # the stale spare was discarded
-    assert engine.pool.stale_discarded == 1
+    assert facade._modes.pool.stale_discarded == 1
 
-    wait_for(lambda: engine.pool.spare_count >= 1)  # a spare started under the new value
+    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # a spare started under the new value
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n"
     assert result.details["kernel_source"] == "spare"  # an up-to-date spare is still used
 
-    wait_for(lambda: engine.pool.spare_count >= 1)
+    wait_for(lambda: facade._modes.pool.spare_count >= 1)
     monkeypatch.delenv(VAR)  # a removed variable is gone on the very next call too
     result = facade.run_sync(SHOW)
     assert result.content == "None\n", result.content
-    assert engine.pool.stale_discarded == 2
+    assert facade._modes.pool.stale_discarded == 2
 
 
 def test_session_kernels_after_an_env_change(
@@ -114,7 +114,7 @@ def test_session_kernels_after_an_env_change(
     assert facade.run_sync("x = 1", scope=first).ok
     engine = facade._engine
     assert engine is not None
-    server = engine._forkservers[facade.config.resolve_python()]
+    server = engine.backend._forkservers[facade.config.resolve_python()]
     wait_for(lambda: server.ready)  # later kernels would be forked from this template
 
     monkeypatch.setenv(VAR, "new")
@@ -297,7 +297,7 @@ def test_runtime_dir_stays_0700(own_tool: Callable[..., ExecuteCode], fork_serve
         assert facade.run_sync("print(1)").content == "1\n"
     engine = facade._engine
     assert engine is not None
-    wait_for(lambda: engine.pool.spare_count >= 1)  # a live kernel: its file is there
+    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # a live kernel: its file is there
     runtime = engine.staging.runtime_dir
     assert mode_of(runtime) == 0o700  # not 01700: nothing chmods it after creation
     engine.ensure_staging()  # the exact-0700 check holds

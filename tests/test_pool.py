@@ -38,7 +38,7 @@ async def _wait_spares(ec: ExecuteCode, count: int = 1, timeout: float = 20.0) -
 async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> None:
     engine = ec._engine
     assert engine is not None
-    servers = list(engine._forkservers.values())
+    servers = list(engine.backend._forkservers.values())
     assert servers, "no fork server was started"
     assert await servers[0].wait_ready(timeout)
 
@@ -79,7 +79,7 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
             await ec.run("pass")  # starts the fork server in the background
             await _wait_fork_server(ec)
             info = _probe((await ec.run(PROBE)).content)
-            template = next(iter(ec._engine._forkservers.values()))
+            template = next(iter(ec._engine.backend._forkservers.values()))
             # Forked by the template, not launched by this process.
             assert info["ppid"] == template._proc.pid
             assert info["ppid"] != os.getpid()
@@ -103,7 +103,7 @@ def test_dead_spare_is_never_handed_out() -> None:
         async with ExecuteCode(config) as ec:
             await ec.run("pass")
             await _wait_spares(ec)
-            spare = ec._engine.pool.all_spares()[0]
+            spare = ec._modes.pool.all_spares()[0]
             os.kill(spare.pid, signal.SIGKILL)
             for _ in range(100):  # wait until the process has really ended
                 if not await spare.is_alive():
@@ -123,7 +123,7 @@ def test_closing_the_facade_stops_every_spare() -> None:
         ec = ExecuteCode(config)
         await ec.run("pass")
         await _wait_spares(ec, 2)
-        pids = [k.pid for k in ec._engine.pool.all_spares()]
+        pids = [k.pid for k in ec._modes.pool.all_spares()]
         await ec.aclose()
         return pids
 

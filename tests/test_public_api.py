@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import importlib.metadata
 import inspect
 import json
@@ -16,7 +17,6 @@ import pytest
 import lemon_exec
 from lemon_exec import (
     ConfigError,
-    DeadKernelError,
     ExecuteCode,
     ExecuteCodeConfig,
     ExecuteCodeResult,
@@ -24,7 +24,6 @@ from lemon_exec import (
     KernelError,
     KernelStartError,
     LemonExecError,
-    ProtocolError,
     RefusedError,
     SessionBusyError,
     ToolDenied,
@@ -35,9 +34,9 @@ pytestmark = pytest.mark.timeout(60)
 
 #: The documented public names (README "Python API" and docs/architecture.md).
 DOCUMENTED = {
+    "AbortSignal",
     "ApprovalOutcome",
     "ConfigError",
-    "DeadKernelError",
     "ExecuteCode",
     "ExecuteCodeConfig",
     "ExecuteCodeResult",
@@ -46,8 +45,8 @@ DOCUMENTED = {
     "KernelStartError",
     "LemonExecError",
     "PolicyDecision",
-    "ProtocolError",
     "RefusedError",
+    "ScriptSource",
     "SessionBusyError",
     "SessionOwner",
     "SessionScope",
@@ -87,6 +86,20 @@ def test_every_exported_name_imports(name: str) -> None:
         assert value.__module__.startswith("lemon_exec."), f"{name} is not lemon_exec's own"
 
 
+def test_types_callers_hold_are_defined_in_public_modules() -> None:
+    # A runtime holds these; the module that defines them must be one it may import.
+    assert lemon_exec.SessionOwner.__module__ == "lemon_exec.session"
+    assert lemon_exec.ScriptSource.__module__ == "lemon_exec.scope"
+    assert lemon_exec.SessionScope.__module__ == "lemon_exec.scope"
+    assert lemon_exec.AbortSignal is importlib.import_module("lemon_exec.scope").AbortSignal
+
+
+def test_public_run_takes_no_private_arguments() -> None:
+    for method in (ExecuteCode.run, lemon_exec.SessionOwner.run):
+        private = [p for p in inspect.signature(method).parameters if p.startswith("_")]
+        assert private == [], f"{method.__qualname__} takes private arguments {private}"
+
+
 def test_unknown_attribute_raises_attribute_error() -> None:
     with pytest.raises(AttributeError):
         _ = lemon_exec.NoSuchThing  # type: ignore[attr-defined]
@@ -124,8 +137,6 @@ def test_exception_tree() -> None:
         RefusedError: LemonExecError,
         KernelError: LemonExecError,
         KernelStartError: KernelError,
-        DeadKernelError: KernelError,
-        ProtocolError: LemonExecError,
         SessionBusyError: LemonExecError,
         ToolFailure: LemonExecError,
         ToolDenied: ToolFailure,

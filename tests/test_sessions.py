@@ -24,7 +24,7 @@ import pytest
 from support import configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.sessions import FALLBACK_NOTE, lost_line
+from lemon_exec.host.results import FALLBACK_NOTE, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)
@@ -699,7 +699,7 @@ def test_registry_unavailable_falls_back(work: Path, go: Any) -> None:
         scope = scope_in(work, "registry")
         try:
             await facade.run("print(1)", scope=scope)
-            await facade._engine.sessions.aclose()  # fault injection: the registry is gone
+            await facade._modes.sessions.aclose()  # fault injection: the registry is gone
             result = await facade.run("print('still works')", scope=scope)
             _assert_fallback(result, "registry_unavailable")
             assert result.details["exit_code"] == 0

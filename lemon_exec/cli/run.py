@@ -33,6 +33,7 @@ from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
 from lemon_exec.result import ExecuteCodeResult
+from lemon_exec.scope import ScriptSource
 
 __all__ = ["register", "run_command"]
 
@@ -193,8 +194,7 @@ async def _run(
                 on_update=_notify,
                 abort=abort,
                 on_output=None if live is None else live.write,
-                _filename=source.filename,
-                _argv=source.argv,
+                source=ScriptSource(source.filename, source.argv),
             )
     finally:
         for signum in installed:

@@ -15,8 +15,9 @@ import os
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import Any
 
-from lemon_exec.host.cell import AbortSignal
+from lemon_exec.scope import AbortSignal
 
 __all__ = ["Admission", "Denied", "Slot", "default_limit"]
 
@@ -163,8 +164,11 @@ async def _wait(
             if remaining <= 0:
                 return "queue_timeout"
             tick = remaining if abort is None or abort_wait is not None else _ABORT_POLL_S
+            waiters: set[asyncio.Future[Any]] = {granted}
+            if abort_wait is not None:
+                waiters.add(abort_wait)
             await asyncio.wait(
-                {granted, *([abort_wait] if abort_wait is not None else [])},
+                waiters,
                 timeout=min(tick, remaining),
                 return_when=asyncio.FIRST_COMPLETED,
             )

@@ -28,7 +28,7 @@ import subprocess
 import time
 from typing import Any
 
-from jupyter_client.provisioning import LocalProvisioner
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
 from lemon_exec.kernel import supervise
@@ -313,7 +313,7 @@ def _exists(pid: int) -> bool:
     return True
 
 
-class ForkServerProvisioner(LocalProvisioner):  # type: ignore[misc]
+class ForkServerProvisioner(LocalProvisioner):
     """Launches kernels through a ready :class:`ForkServer`, else like LocalProvisioner."""
 
     server_id = Unicode("", config=True, help="Id of the ForkServer to launch kernels with.")
@@ -335,7 +335,8 @@ class ForkServerProvisioner(LocalProvisioner):  # type: ignore[misc]
         except OSError as exc:  # no answer in time, or no fork: an ordinary launch instead
             log.warning("execute_code: fork server failed (%s); starting the kernel cold", exc)
             return await super().launch_kernel(cmd, **kwargs)
-        self.process = ForkedProcess(server, pid)
+        # Duck-typed: LocalProvisioner only polls, waits for and signals its process.
+        self.process = ForkedProcess(server, pid)  # type: ignore[assignment]
         self.pid = pid
         self.pgid = pid  # the child called setsid(): it leads its own process group
         self.cwd = cwd

@@ -29,15 +29,17 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import zmq
 import zmq.asyncio
-from jupyter_client import AsyncKernelClient, AsyncKernelManager
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
 from lemon_exec.host import external, hygiene
+from lemon_exec.host.backend import MessageSink
 from lemon_exec.host.connfile import PrivateKernelManager
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
@@ -54,24 +56,12 @@ _LIVENESS_POLL_S = 0.1
 _DISCONNECT_SETTLE_S = 0.05
 
 
-class MessageSink(Protocol):
-    """Receives the messages whose parent is one request of ours."""
-
-    def on_iopub(self, msg: dict[str, Any]) -> None: ...
-
-    def on_reply(self, msg: dict[str, Any]) -> None: ...
-
-    def on_dropped(self, channel: str, note: str) -> None:
-        """A message on ``channel`` was refused (too large), perhaps with others around it."""
-        ...
-
-    def on_protocol_fault(self, channel: str, reason: str) -> None:
-        """A message on ``channel`` failed its signature check or was malformed."""
-        ...
-
-
 class ManagedKernel:
-    """A running lemon-python kernel. Create with :meth:`start`; dispose with :meth:`kill`."""
+    """A running lemon-python kernel: the local backend's kernel handle.
+
+    Create with :meth:`start`; dispose with :meth:`kill`. Implements
+    :class:`lemon_exec.host.backend.KernelHandle`.
+    """
 
     def __init__(
         self,
@@ -332,7 +322,8 @@ class ManagedKernel:
     def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
         msg = self._kc.session.msg(msg_type, content)
         self._kc.shell_channel.send(msg)
-        return msg["header"]["msg_id"]
+        msg_id: str = msg["header"]["msg_id"]
+        return msg_id
 
     def send_bridge_reply(self, content: dict[str, Any]) -> None:
         """Send a bridge reply on the control channel (see docs/comm-protocol.md §3)."""

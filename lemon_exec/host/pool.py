@@ -21,17 +21,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host.backend import KernelHandle
 
 log = logging.getLogger(__name__)
 
-Starter = Callable[[str], Awaitable[ManagedKernel]]
-Discarder = Callable[[ManagedKernel], None]
+Starter = Callable[[str], Awaitable[KernelHandle]]
+Discarder = Callable[[KernelHandle], None]
 
 
 @dataclass(frozen=True)
 class _Spare:
-    kernel: ManagedKernel
+    kernel: KernelHandle
     #: ``os.environ`` when the kernel started; None if it changed while the kernel started.
     environ: dict[str, str] | None
 
@@ -61,7 +61,7 @@ class KernelPool:
         self._filling: dict[str, asyncio.Task[None]] = {}
         self._closed = False
 
-    async def claim(self, interpreter: str) -> tuple[ManagedKernel, str]:
+    async def claim(self, interpreter: str) -> tuple[KernelHandle, str]:
         """A ready kernel for ``interpreter`` and where it came from ("spare" or "cold")."""
         spares = self._spares.get(interpreter, [])
         while spares:
@@ -103,7 +103,7 @@ class KernelPool:
             spares.append(_Spare(kernel, before if before == os.environ else None))
             log.debug("spare ready in %.0f ms", (time.monotonic() - started) * 1000)
 
-    def _drop(self, kernel: ManagedKernel) -> None:
+    def _drop(self, kernel: KernelHandle) -> None:
         if self._discard is not None:
             self._discard(kernel)
             return
@@ -111,7 +111,7 @@ class KernelPool:
         self._killing.add(task)
         task.add_done_callback(self._killing.discard)
 
-    def all_spares(self) -> list[ManagedKernel]:
+    def all_spares(self) -> list[KernelHandle]:
         return [s.kernel for group in self._spares.values() for s in group]
 
     @property

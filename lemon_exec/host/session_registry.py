@@ -1,5 +1,5 @@
-"""Session mode: persistent kernels keyed by session, with owners, a FIFO queue, forks on
-reset, strict LRU capacity and idle reaping (spec "session (opt-in)" to "Bounds and reaping").
+"""Session mode's registry: persistent kernels keyed by session, with owners, forks on reset,
+strict LRU capacity and idle reaping (spec "session (opt-in)" to "Bounds and reaping").
 
 Everything runs on the facade's event loop, so the registry needs no locks: each state change
 happens between two awaits. Terms:
@@ -7,9 +7,10 @@ happens between two awaits. Terms:
 - **key**: session id, agent id, canonical cwd, canonical interpreter, helper set and protocol
   version. The kernel id shown to people is an HMAC of it under a per-host salt.
 - **entry** (:class:`SessionKernel`): one kernel slot for a key (or a fork of it): the kernel,
-  its phase, owners, FIFO queue, and why state was last lost.
-- **owner** (:class:`SessionOwner`): a caller's handle. Closing it, cancelling the task that
-  runs its cell, or dropping it (garbage collection) is owner death.
+  its phase, owners, FIFO queue (:mod:`~lemon_exec.host.session_queue`), and why state was
+  last lost.
+- **owner**: a caller's handle (:class:`lemon_exec.session.SessionOwner`); bindings live in
+  :mod:`~lemon_exec.host.session_owners`.
 """
 
 from __future__ import annotations
@@ -22,42 +23,26 @@ import itertools
 import os
 import secrets
 import time
-import weakref
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from lemon_exec.config import canonical_python
-from lemon_exec.errors import LemonExecError, SessionBusyError
+from lemon_exec.config import ExecuteCodeConfig, canonical_python
+from lemon_exec.errors import LemonExecError
 from lemon_exec.host import cell as cells
-from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host import session_queue
+from lemon_exec.host.backend import KernelHandle
+from lemon_exec.host.engine import Engine
+from lemon_exec.host.results import cell_untrusted
+from lemon_exec.host.session_owners import OwnerBindings
+from lemon_exec.host.session_queue import QueueLeft, Ticket
 from lemon_exec.kernel import protocol
-from lemon_exec.result import ExecuteCodeResult, build_result, cell_untrusted, refusal
-from lemon_exec.scope import SessionScope
+from lemon_exec.scope import AbortSignal, SessionScope
 
-if TYPE_CHECKING:
-    from lemon_exec.host.engine import Call, Engine
-
-FALLBACK_NOTE = (
-    "Note: this call ran isolated in a fresh interpreter ({reason}); its state will not persist."
-)
-#: The first line of the result after the session's kernel was replaced, so that the model
-#: learns why its variables are gone instead of meeting a NameError.
-LOST_LINE = (
-    "[Session state was lost before this call: {why}; variables and imports from earlier "
-    "calls are gone.]"
-)
-LOST_WHY = {
-    "timeout": "the previous kernel timed out",
-    "cancelled": "a call was aborted while it ran (or its caller went away)",
-    "crashed": "the previous kernel crashed or exited (os._exit, a crash or a kill)",
-    "protocol_fault": "the previous kernel sent an invalid message and was discarded",
-    "evicted": "the previous kernel was evicted to make room for another session "
-    "(max_live_kernels)",
-    "reaped": "the previous kernel was stopped after being idle longer than kernel_idle_timeout_ms",
-}
+#: Runs one cell on a kernel (the modes' runner, with the tool host behind the bridge).
+CellRunner = Callable[[KernelHandle, cells.CellRequest], Awaitable[cells.CellResult]]
 
 
 class Fallback(Exception):
@@ -66,10 +51,6 @@ class Fallback(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class _OwnerGone(Exception):
-    """The owner was closed while its call waited in the queue."""
 
 
 @dataclass(frozen=True)
@@ -99,24 +80,16 @@ class SessionKey:
         return hmac.new(salt, material, hashlib.sha256).hexdigest()[:20]
 
 
-@dataclass
-class _Ticket:
-    owner_id: int
-    granted: asyncio.Future[None]
-    abort: asyncio.Event = field(default_factory=asyncio.Event)
-    started: float = 0.0  # time.monotonic() when it became the active cell
-
-
 @dataclass(eq=False)  # identity semantics: entries live in sets
 class SessionKernel:
     key: SessionKey
     kernel_id: str
     fork: int
-    kernel: ManagedKernel | None = None
+    kernel: KernelHandle | None = None
     phase: str = "empty"  # empty | starting | idle | running | stopping
     owners: set[int] = field(default_factory=set)
-    queue: deque[_Ticket] = field(default_factory=deque)
-    active: _Ticket | None = None
+    queue: deque[Ticket] = field(default_factory=deque)
+    active: Ticket | None = None
     created: float = field(default_factory=time.monotonic)
     last_used: float = field(default_factory=time.monotonic)
     cells_run: int = 0
@@ -139,61 +112,6 @@ class SessionKernel:
         return self.kernel is not None or self.phase == "starting"
 
 
-class SessionOwner:
-    """A handle that (co-)owns a session kernel; from :meth:`ExecuteCode.attach`.
-
-    ``await owner.run(script, ...)`` runs in the owner's kernel; ``await owner.aclose()``
-    (or ``close()``) detaches: queued calls are removed, an active call is aborted and its
-    kernel discarded, and a kernel left without owners stops at once.
-    """
-
-    _ids = itertools.count(1)
-
-    def __init__(self, facade: Any, registry: SessionRegistry, scope: SessionScope) -> None:
-        self.scope = scope
-        self.owner_id = next(SessionOwner._ids)
-        self._facade = facade
-        self._registry = registry
-        self._closed = False
-        loop = asyncio.get_running_loop()
-        weakref.finalize(self, _owner_collected, weakref.ref(registry), self.owner_id, loop)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    async def run(self, script: Any, **kwargs: Any) -> ExecuteCodeResult:
-        if self._closed:
-            return refusal(
-                "execute_code: this session owner handle is closed",
-                {
-                    "mode": "session",
-                    "persistent": False,
-                    "reset_performed": False,
-                    "state_retained": False,
-                },
-            )
-        return await self._facade.run(script, scope=self.scope, _owner=self, **kwargs)
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            await self._registry.detach(self.owner_id)
-
-    def close(self) -> None:
-        """Detach without awaiting (the kernel, if ownerless, stops in the background)."""
-        if not self._closed:
-            self._closed = True
-            self._registry.detach_soon(self.owner_id)
-
-
-def _owner_collected(registry_ref: Any, owner_id: int, loop: asyncio.AbstractEventLoop) -> None:
-    registry = registry_ref()
-    if registry is not None and not loop.is_closed():
-        with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(registry.detach_soon, owner_id)
-
-
 @dataclass
 class SessionRun:
     cell: cells.CellResult
@@ -204,13 +122,13 @@ class SessionRun:
 class SessionRegistry:
     """Key → kernel entries, owners, queues, LRU eviction and the idle reaper."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, config: ExecuteCodeConfig, run_cell: CellRunner) -> None:
         self._engine = engine
+        self.config = config
+        self._run_cell = run_cell
         self._salt = secrets.token_bytes(16)
         self._shared: dict[SessionKey, SessionKernel] = {}
-        # owner → its kernel per key: an owner whose key changes (helper set, interpreter)
-        # keeps its other kernels, as a session owns several kernels in the spec.
-        self._bindings: dict[int, dict[SessionKey, SessionKernel]] = {}
+        self._bindings: OwnerBindings[SessionKey, SessionKernel] = OwnerBindings()
         self._entries: set[SessionKernel] = set()
         self._fork_counter = itertools.count(1)
         self._reaper: asyncio.Task[None] | None = None
@@ -219,11 +137,7 @@ class SessionRegistry:
         self.reaped_total = 0
         # Kernels being stopped, until their process is confirmed gone: they still count
         # against max_live_kernels (strict cap). The task is the stop attempt.
-        self._stopping: dict[ManagedKernel, asyncio.Task[bool]] = {}
-
-    @property
-    def config(self) -> Any:
-        return self._engine.config
+        self._stopping: dict[KernelHandle, asyncio.Task[bool]] = {}
 
     # -- running a cell ----------------------------------------------------------------------
 
@@ -235,7 +149,7 @@ class SessionRegistry:
         *,
         reset: bool,
         deadline: float,
-        abort: Any,
+        abort: AbortSignal | None,
         interpreter: str = "",
     ) -> SessionRun:
         if self._closed:
@@ -253,7 +167,7 @@ class SessionRegistry:
             if time.monotonic() >= deadline:
                 # Granted too late: leave without running rather than start a cell that
                 # would time out at once and cost the session its state.
-                raise _QueueLeft("timeout")
+                raise QueueLeft("timeout")
             if reset and not reset_performed:
                 await self._reset(entry)
                 reset_performed = True
@@ -269,7 +183,7 @@ class SessionRegistry:
             request = request_for(f"cell{entry.cells_run + 1}.py")
             request.aborts = (*request.aborts, ticket.abort)
             try:
-                result = await cells.run_cell(entry.kernel, request, self._engine.tool_host)
+                result = await self._run_cell(entry.kernel, request)
             except asyncio.CancelledError:
                 self._discard(entry, "cancelled")  # caller death while active
                 raise
@@ -297,8 +211,7 @@ class SessionRegistry:
             self._release(entry, ticket)
 
     def _entry_for(self, owner_id: int, key: SessionKey) -> SessionKernel:
-        bound = self._bindings.setdefault(owner_id, {})
-        entry = bound.get(key)
+        entry = self._bindings.get(owner_id, key)
         if entry is not None:
             return entry
         entry = self._shared.get(key)
@@ -307,7 +220,7 @@ class SessionRegistry:
             self._shared[key] = entry
             self._entries.add(entry)
         entry.owners.add(owner_id)
-        bound[key] = entry
+        self._bindings.bind(owner_id, key, entry)
         return entry
 
     def _fork(self, owner_id: int, shared: SessionKernel) -> SessionKernel:
@@ -317,69 +230,19 @@ class SessionRegistry:
         entry = SessionKernel(shared.key, shared.key.kernel_id(self._salt, fork_no), fork_no)
         entry.owners.add(owner_id)
         self._entries.add(entry)
-        self._bindings.setdefault(owner_id, {})[shared.key] = entry
+        self._bindings.bind(owner_id, shared.key, entry)
         return entry
 
     async def _acquire(
-        self, entry: SessionKernel, owner_id: int, deadline: float, abort: Any
-    ) -> _Ticket:
-        loop = asyncio.get_running_loop()
-        ticket = _Ticket(owner_id, loop.create_future())
-        if entry.active is None and not entry.queue:
-            entry.active = ticket
-            ticket.granted.set_result(None)
-            ticket.started = time.monotonic()
-            return ticket
-        if len(entry.queue) >= self.config.max_queued_cells_per_kernel:
+        self, entry: SessionKernel, owner_id: int, deadline: float, abort: AbortSignal | None
+    ) -> Ticket:
+        limit = self.config.max_queued_cells_per_kernel
+        if len(entry.queue) >= limit and (entry.active is not None or entry.queue):
             self._engine.telemetry.emit("session.busy", {"queued": len(entry.queue)}, {})
-            raise SessionBusyError(
-                f"execute_code: this session's kernel is busy ({len(entry.queue)} calls already "
-                f"queued, max_queued_cells_per_kernel = "
-                f"{self.config.max_queued_cells_per_kernel}); wait for them and retry"
-            )
-        entry.queue.append(ticket)
-        abort_task = (
-            asyncio.ensure_future(abort.wait()) if isinstance(abort, asyncio.Event) else None
-        )
-        try:
-            while not ticket.granted.done():
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise _QueueLeft("timeout")
-                waiters: set[asyncio.Future[Any]] = {ticket.granted}
-                if abort_task is not None:
-                    waiters.add(abort_task)
-                await asyncio.wait(
-                    waiters, timeout=min(0.1, remaining), return_when=asyncio.FIRST_COMPLETED
-                )
-                if ticket.granted.done():
-                    break
-                if abort is not None and abort.is_set():
-                    raise _QueueLeft("cancelled")
-            ticket.granted.result()  # raises _OwnerGone if the owner was closed meanwhile
-        except BaseException:
-            if ticket in entry.queue:
-                entry.queue.remove(ticket)
-            elif entry.active is ticket:  # granted in the same instant we gave up
-                self._release(entry, ticket)
-            raise
-        finally:
-            if abort_task is not None:
-                abort_task.cancel()
-        ticket.started = time.monotonic()
-        return ticket
+        return await session_queue.acquire(entry, owner_id, deadline, abort, limit)
 
-    def _release(self, entry: SessionKernel, ticket: _Ticket) -> None:
-        if entry.active is not ticket:
-            return
-        entry.active = None
-        while entry.queue:
-            nxt = entry.queue.popleft()
-            if not nxt.granted.done():
-                entry.active = nxt
-                nxt.granted.set_result(None)
-                return
-        if not entry.owners:
+    def _release(self, entry: SessionKernel, ticket: Ticket) -> None:
+        if session_queue.release(entry, ticket) and not entry.owners:
             self._stop_entry(entry, "owners_gone")
 
     async def _reset(self, entry: SessionKernel) -> None:
@@ -398,7 +261,9 @@ class SessionRegistry:
             raise Fallback("stop_failed")
         entry.cells_run = 0
 
-    async def _start(self, entry: SessionKernel, deadline: float, abort: Any) -> None:
+    async def _start(
+        self, entry: SessionKernel, deadline: float, abort: AbortSignal | None
+    ) -> None:
         if entry.kernel is not None:  # present but dead (crash noticed late)
             self._discard(entry, "crashed")
         await self._admit(entry, deadline, abort)
@@ -424,9 +289,11 @@ class SessionRegistry:
             status = entry.kernel.status
             status.phase, status.cells = phase, entry.cells_run
             status.last_used_unix = time.time()
-            self._engine.index.touch()
+            self._engine.touch()
 
-    async def _admit(self, entry: SessionKernel, deadline: float, abort: Any) -> None:
+    async def _admit(
+        self, entry: SessionKernel, deadline: float, abort: AbortSignal | None
+    ) -> None:
         """Make room under max_live_kernels (strict: stopping kernels count until gone).
 
         Evicts the LRU idle kernel if needed and waits, within the call's deadline, for
@@ -451,14 +318,14 @@ class SessionRegistry:
             await self._wait_stopped(pending, deadline, abort)
 
     async def _wait_stopped(
-        self, pending: list[asyncio.Task[bool]], deadline: float, abort: Any
+        self, pending: list[asyncio.Task[bool]], deadline: float, abort: AbortSignal | None
     ) -> None:
         """Wait for one of ``pending`` to end; leave (nothing ran) on deadline or abort."""
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise _QueueLeft("timeout", "capacity")
+            raise QueueLeft("timeout", "capacity")
         if abort is not None and abort.is_set():
-            raise _QueueLeft("cancelled", "capacity")
+            raise QueueLeft("cancelled", "capacity")
         # A short tick: a threading.Event abort can only be polled.
         await asyncio.wait(pending, timeout=min(0.1, remaining))
 
@@ -468,13 +335,13 @@ class SessionRegistry:
             if task.done() and not await kernel.is_alive():
                 self._stopping.pop(kernel, None)
 
-    def _retire(self, kernel: ManagedKernel, reason: str, cells_run: int) -> asyncio.Task[bool]:
+    def _retire(self, kernel: KernelHandle, reason: str, cells_run: int) -> asyncio.Task[bool]:
         """Stop ``kernel`` in the background; it counts as stopping until confirmed gone."""
         task = self._engine.spawn(self._stop_kernel(kernel, reason, cells_run))
         self._stopping[kernel] = task
         return task
 
-    async def _stop_kernel(self, kernel: ManagedKernel, reason: str, cells_run: int) -> bool:
+    async def _stop_kernel(self, kernel: KernelHandle, reason: str, cells_run: int) -> bool:
         """One stop attempt; True once the process is confirmed gone."""
         with contextlib.suppress(Exception):  # a failed stop leaves the kernel counted
             await self._engine.stop(kernel, reason=reason, mode="session", cells_run=cells_run)
@@ -523,13 +390,9 @@ class SessionRegistry:
             del self._shared[entry.key]
 
     def _unbind(self, owner_id: int) -> None:
-        for entry in self._bindings.pop(owner_id, {}).values():
+        for entry in self._bindings.pop(owner_id):
             entry.owners.discard(owner_id)
-            for ticket in list(entry.queue):
-                if ticket.owner_id == owner_id:
-                    entry.queue.remove(ticket)
-                    if not ticket.granted.done():
-                        ticket.granted.set_exception(_OwnerGone())
+            session_queue.remove_owner(entry, owner_id)
             if entry.active is not None and entry.active.owner_id == owner_id:
                 entry.active.abort.set()  # its kernel is discarded when the cell ends
             elif not entry.owners and entry.active is None:
@@ -601,13 +464,9 @@ class SessionRegistry:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reaper
         for entry in list(self._entries):
-            for ticket in list(entry.queue):
-                if not ticket.granted.done():
-                    ticket.granted.set_exception(_OwnerGone())
-            entry.queue.clear()
-            if entry.active is not None:
-                entry.active.abort.set()
-            else:
+            active = entry.active is not None
+            session_queue.close(entry)  # the active cell's kernel is discarded as it ends
+            if not active:
                 self._stop_entry(entry, "closed")
 
 
@@ -622,123 +481,3 @@ def interpreter_identity(interpreter: str) -> str:
     if (venv / "pyvenv.cfg").is_file():
         return f"{canonical} (venv {venv.resolve()})"
     return canonical
-
-
-class _QueueLeft(Exception):
-    """A call left before it started: its deadline passed or it was aborted while it waited
-    in the session queue (``where="queue"``) or for a kernel slot (``"capacity"``)."""
-
-    def __init__(self, why: str, where: str = "queue") -> None:
-        super().__init__(why)
-        self.why = why
-        self.where = where
-
-
-# -- the facade's entry point -------------------------------------------------------------------
-
-
-async def run_in_session(
-    engine: Engine,
-    call: Call,
-    *,
-    owner: SessionOwner | None,
-    scope: SessionScope | None,
-    reset: bool,
-) -> ExecuteCodeResult:
-    """Run one call in session mode, falling back to per-call only before code starts."""
-    details = {**call.details, "mode": "session"}
-    reason: str | None = None
-    if scope is None or owner is None or not scope.complete:
-        reason = "missing_session_scope"
-    elif engine.sessions is None:
-        reason = "registry_unavailable"
-    if reason is None:
-        key = SessionKey.build(scope, call.cwd, call.interpreter, engine.config.enabled_helpers)
-        session_call = replace(call, cwd=Path(key.cwd))
-
-        def request_for(filename: str) -> cells.CellRequest:
-            return engine.call_request(session_call, chdir=False, filename=filename)
-
-        try:
-            run = await engine.sessions.execute(
-                owner.owner_id,
-                key,
-                request_for,
-                reset=reset,
-                deadline=call.deadline,
-                abort=call.abort,
-                interpreter=call.interpreter,
-            )
-        except Fallback as fb:
-            reason = fb.reason
-        except SessionBusyError as exc:
-            return refusal(
-                str(exc), {**details, "persistent": True, "state_retained": True, "busy": True}
-            )
-        except _QueueLeft as left:
-            return _left_queue(left, call.timeout_ms, details)
-        except _OwnerGone:
-            # The spec's "caller death" row: state_retained false, though nothing ran.
-            return refusal(
-                "execute_code: the session owner was closed while this call was "
-                "queued; nothing ran",
-                {**details, "persistent": True, "state_retained": False, "never_started": True},
-            )
-        else:
-            lost = run.details.get("kernel_lost_reason")
-            return build_result(
-                run.cell,
-                timeout_ms=call.timeout_ms,
-                details={**details, **run.details},
-                tainted=run.tainted,
-                lead=lost_line(lost) if lost else None,
-            )
-    engine.telemetry.emit("session.fallback", {}, {"reason": reason})
-    fallback = {**details, "persistent": False, "fallback_reason": reason, "kernel_reused": False}
-    return await engine.run_per_call(
-        replace(call, details=fallback), notes=[FALLBACK_NOTE.format(reason=reason)]
-    )
-
-
-def lost_line(reason: str) -> str:
-    """The result's first line when the session's previous kernel (and its state) is gone."""
-    return LOST_LINE.format(why=LOST_WHY.get(reason, "the previous kernel was discarded"))
-
-
-def _left_queue(left: _QueueLeft, timeout_ms: int, details: dict[str, Any]) -> ExecuteCodeResult:
-    """A call that gave up before it started: nothing ran, the kernel is undisturbed.
-
-    ``state_retained`` is false as in the spec's row "Timeout (including queued wait) / abort
-    / caller death": nothing of this call is in the kernel. ``never_started`` says the rest:
-    the kernel was not touched, and what earlier calls built is still there.
-    """
-    waiting = (
-        "waiting in the session queue"
-        if left.where == "queue"
-        else "waiting for a session kernel slot (max_live_kernels)"
-    )
-    if left.why == "timeout":
-        head = f"Script timed out after {timeout_ms}ms while {waiting}; it never started."
-        flag = "timed_out"
-    else:
-        head = f"Script cancelled while {waiting}; it never started."
-        flag = "cancelled"
-    if left.where == "queue":
-        content = (
-            f"{head}\n\nNothing of it ran. The session's state from earlier calls is unchanged."
-        )
-    else:
-        content = f"{head}\n\nNothing of it ran; try again shortly."
-    return ExecuteCodeResult(
-        content,
-        {
-            **details,
-            "persistent": True,
-            "state_retained": False,
-            "never_started": True,
-            "exit_code": None,
-            "truncated": False,
-            flag: True,
-            "kernel_reused": False,
-        },
-    )

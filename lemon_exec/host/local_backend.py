@@ -1,0 +1,120 @@
+"""The local kernel backend: kernel processes on this machine, over zmq ipc.
+
+Kernels are launched through jupyter_client (:class:`~lemon_exec.host.kernel.ManagedKernel`)
+with their connection files in the host's private runtime directory. Once an
+interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s), kernels
+are forked from it instead of started cold; until then they start the ordinary way, so the
+fork server never delays a start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from lemon_exec.host import cell as cells
+from lemon_exec.host.backend import KernelHandle
+from lemon_exec.host.forkserver import ForkServer
+from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host.staging import StagingRoot
+
+#: A fork server that died (e.g. the interpreter lacks ipykernel) is retried this rarely.
+_FORK_SERVER_RETRY_S = 60.0
+#: Fork-server ids are keys of a process-wide registry: unique across backends.
+_SERVER_IDS = itertools.count(1)
+#: Most fork-server templates kept after an environment change made them stale.
+_MAX_RETIRED_FORK_SERVERS = 2
+#: Variables an interpreter reads when it starts, so a forked kernel keeps its template's.
+_STARTUP_PREFIXES = ("PYTHON", "LD_", "LC_", "LANG")
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], object]
+
+
+class LocalBackend:
+    """Local kernel processes, forked from a per-interpreter template when one is ready."""
+
+    def __init__(self, staging: StagingRoot, *, fork_server: bool, spawn: Spawn) -> None:
+        self._staging = staging
+        self._use_fork_server = fork_server
+        self._spawn = spawn  # background work the engine waits for on close
+        self._forkservers: dict[str, ForkServer] = {}
+        #: The startup variables (see _startup_env) each fork server was started with.
+        self._forkserver_env: dict[str, dict[str, str]] = {}
+        #: Templates replaced after the environment changed: kernels they forked (spares,
+        #: session kernels) still run under them, so they stay until the backend closes.
+        self._retired: list[ForkServer] = []
+
+    async def start(
+        self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
+    ) -> ManagedKernel:
+        server = self._fork_server(interpreter, env)
+        return await ManagedKernel.start(
+            interpreter=interpreter,
+            cwd=cwd,
+            runtime_dir=self._staging.runtime_dir,
+            env=env,
+            fork_server_id=server.server_id if server is not None and server.ready else "",
+            timeout=timeout,
+        )
+
+    async def interrupt(self, kernel: KernelHandle) -> None:
+        kernel.interrupted_at = time.monotonic()
+        await kernel.signal_group(signal.SIGINT)
+
+    async def stop(self, kernel: KernelHandle) -> None:
+        await cells.dispose(kernel)  # type: ignore[arg-type]  # a ManagedKernel of ours
+
+    def warm_up(self, interpreter: str, env: dict[str, str]) -> None:
+        self._fork_server(interpreter, env)
+
+    def _fork_server(self, interpreter: str, kernel_env: dict[str, str]) -> ForkServer | None:
+        """The interpreter's fork server, started in the background on first use."""
+        if not self._use_fork_server:
+            return None
+        env = {**os.environ, **kernel_env}
+        server = self._forkservers.get(interpreter)
+        if server is not None and self._forkserver_env.get(interpreter) != _startup_env(env):
+            # A forked kernel gets the current environment, but what the interpreter read at
+            # startup (sys.path from PYTHONPATH, the loader's LD_*, the locale) is the
+            # template's: a template started under other values is retired, never used.
+            # Closing it would kill the kernels it forked, so it waits for the backend's
+            # close; after a few such changes kernels simply start the ordinary way.
+            if len(self._retired) >= _MAX_RETIRED_FORK_SERVERS:
+                return None
+            self._forkservers.pop(interpreter)
+            self._retired.append(server)
+            server = None
+        if server is not None and (server.alive or not server.started):
+            return server
+        if server is not None:  # it died: retire it, and retry at most once a minute
+            self._spawn(server.aclose())
+            if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
+                return None
+        server = ForkServer(
+            f"{os.getpid()}-{next(_SERVER_IDS)}", interpreter, env, str(self._staging.work_dir)
+        )
+        self._forkserver_env[interpreter] = _startup_env(env)
+        self._forkservers[interpreter] = server
+        self._spawn(server.start())
+        return server
+
+    def emergency_cleanup(self) -> None:
+        for server in [*self._forkservers.values(), *self._retired]:
+            server.kill_sync()
+
+    async def aclose(self) -> None:
+        await asyncio.gather(
+            *(s.aclose() for s in [*self._forkservers.values(), *self._retired]),
+            return_exceptions=True,
+        )
+        self._forkservers.clear()
+        self._retired.clear()
+
+
+def _startup_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP_PREFIXES)}

@@ -1,0 +1,85 @@
+"""SessionOwner: a caller's handle on a session kernel (from ``ExecuteCode.attach``).
+
+Public: runtimes hold it. It holds the session runner that made it (the modes, never the
+facade) and its scope; see docs/modes.md for co-ownership.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from lemon_exec.host.calls import CallArgs, base_details
+from lemon_exec.host.results import refusal
+from lemon_exec.result import ExecuteCodeResult
+from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
+
+CLOSED = "execute_code: this session owner handle is closed"
+
+
+class SessionRunner(Protocol):
+    """What an owner needs of the runner that made it (:class:`lemon_exec.host.modes.Modes`)."""
+
+    async def run(self, args: CallArgs, *, owner_id: int | None = None) -> ExecuteCodeResult: ...
+
+    async def detach(self, owner_id: int) -> None: ...
+
+    def detach_soon(self, owner_id: int) -> None: ...
+
+
+class SessionOwner:
+    """A handle that (co-)owns a session kernel; from :meth:`ExecuteCode.attach`.
+
+    ``await owner.run(script, ...)`` runs in the owner's kernel (the same arguments as
+    :meth:`ExecuteCode.run`, less ``scope``: the owner's own is used); ``await
+    owner.aclose()`` (or ``close()``) detaches: queued calls are removed, an active call is
+    aborted and its kernel discarded, and a kernel left without owners stops at once.
+    Dropping the handle (garbage collection) detaches it too.
+    """
+
+    def __init__(self, runner: SessionRunner, scope: SessionScope, owner_id: int) -> None:
+        self.scope = scope
+        self.owner_id = owner_id
+        self._runner = runner
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    async def run(
+        self,
+        script: Any,
+        *,
+        timeout_ms: Any = None,
+        reset: Any = False,
+        on_update: Callable[[str], None] | None = None,
+        abort: AbortSignal | None = None,
+        on_output: Callable[[str], None] | None = None,
+        source: ScriptSource | None = None,
+    ) -> ExecuteCodeResult:
+        """Run one script in this owner's session kernel (see :meth:`ExecuteCode.run`)."""
+        if self._closed:
+            return refusal(CLOSED, base_details("session"))
+        args = CallArgs(
+            script,
+            timeout_ms=timeout_ms,
+            reset=reset,
+            scope=self.scope,
+            on_update=on_update,
+            abort=abort,
+            on_output=on_output,
+            source=source or ScriptSource(),
+        )
+        return await self._runner.run(args, owner_id=self.owner_id)
+
+    async def aclose(self) -> None:
+        if not self._closed:
+            self._closed = True
+            await self._runner.detach(self.owner_id)
+
+    def close(self) -> None:
+        """Detach without awaiting (the kernel, if ownerless, stops in the background)."""
+        if not self._closed:
+            self._closed = True
+            self._runner.detach_soon(self.owner_id)
