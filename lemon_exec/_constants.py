@@ -16,11 +16,7 @@ STARTUP_TIMEOUT_S = 10.0
 # After an interrupt (timeout, abort), a kernel gets this long to settle before it is killed.
 GRACE_S = 1.0
 
-# Largest comm frame either side accepts; bigger frames are a protocol error.
-FRAME_CAP_BYTES = 256 * 1024
-
-# Output streamed from a kernel is handled in chunks of at most this size.
-STREAM_CHUNK_BYTES = 64 * 1024
+# The comm frame cap is lemon_exec.kernel.protocol.FRAME_CAP_BYTES (the kernel imports it).
 
 # --- lemon_exec's own names and bounds. ------------------------------------------------------
 

@@ -32,6 +32,7 @@ from traitlets import Bool, HasTraits, Integer, List, TraitType, Unicode, valida
 from traitlets.config import Configurable
 
 from lemon_exec.errors import ConfigError, InterpreterError
+from lemon_exec.kernel.protocol import HELPER_NAMES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -52,7 +53,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 # Host tools a script may call through helpers; ``tools`` can only narrow this list.
-HELPER_ALLOWLIST: tuple[str, ...] = ("read", "grep", "find", "ls", "webfetch")
+HELPER_ALLOWLIST: tuple[str, ...] = HELPER_NAMES  # declared once, in the protocol
 
 # Dotted path of the TOML table that holds these settings.
 TOML_TABLE: tuple[str, ...] = ("runtime", "tools", "execute_code")

@@ -9,16 +9,15 @@ The tree, in one place (modelled on httpx's)::
     │                               spec's refusal text, returned to the model as the tool result
     ├── KernelError                 something went wrong with a kernel process
     │   ├── KernelStartError        the kernel could not be started or did not become ready in 10 s
-    │   │   └── InterpreterError    the interpreter is missing, not executable, or has no ipykernel
-    │   └── DeadKernelError         the kernel died while a cell was running
-    ├── ProtocolError               a comm frame broke the protocol (see docs/comm-protocol.md)
+    │       └── InterpreterError    the interpreter is missing, not executable, or has no ipykernel
     ├── SessionBusyError            the session kernel's queue is full
     └── ToolFailure                 a host-side tool failed; the message goes back to the script,
         │                           where the helper raises it as ``ToolError``
         └── ToolDenied              the policy or approval hook said no (counted as rpc_denied)
 
 Script failures (exceptions, ``SystemExit``, timeouts) are *not* host exceptions: they are
-outcomes, reported in the result's headline and ``details``.
+outcomes, reported in the result's headline and ``details``; so are a kernel that dies while
+a cell runs (``crashed``) and a kernel that breaks the comm protocol (``protocol_fault``).
 """
 
 from __future__ import annotations
@@ -46,14 +45,6 @@ class KernelStartError(KernelError):
 
 class InterpreterError(KernelStartError, ConfigError):
     """The configured interpreter is missing, not executable, or lacks ipykernel."""
-
-
-class DeadKernelError(KernelError):
-    """The kernel process died while a cell was running."""
-
-
-class ProtocolError(LemonExecError):
-    """A comm-channel frame violated the protocol."""
 
 
 class SessionBusyError(LemonExecError):

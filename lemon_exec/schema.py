@@ -6,6 +6,7 @@ from typing import Any
 
 from lemon_exec.config import ExecuteCodeConfig
 
+#: The model-facing signature of each of the five helpers (protocol.HELPER_NAMES).
 _SIGNATURES = {
     "read": "read(path, offset=None, limit=None) -> str",
     "grep": "grep(pattern, path='.', glob=None, ignore_case=False, max_results=None) -> str",

@@ -24,8 +24,8 @@ from support import configured
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.envelope import parse_envelope
 from lemon_exec.errors import ToolFailure
+from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER, WEBFETCH_NOTICE
 from lemon_exec.kernel import protocol
-from lemon_exec.result import DIAGNOSTICS_HEADER, TEXT_HEADER, WEBFETCH_NOTICE
 from lemon_exec.tools import (
     ApprovalOutcome,
     PolicyDecision,

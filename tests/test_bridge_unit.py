@@ -17,13 +17,12 @@ import pytest
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.host.bridge import (
     ACK_AFTER_S,
-    AUTH_FAILED,
-    REPLAYED,
     BridgeLimits,
     HostBridge,
     new_token,
 )
 from lemon_exec.kernel import protocol
+from lemon_exec.kernel.protocol import AUTH_FAILED, REPLAYED
 from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry
 
 pytestmark = pytest.mark.timeout(20)

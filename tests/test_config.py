@@ -102,8 +102,11 @@ def test_startup_timeout_is_not_a_setting() -> None:
     assert "kernel_start_timeout_s" not in ExecuteCodeConfig.class_traits()
     assert _constants.STARTUP_TIMEOUT_S == 10.0
     assert _constants.GRACE_S == 1.0
-    assert _constants.FRAME_CAP_BYTES == 256 * 1024
-    assert _constants.STREAM_CHUNK_BYTES == 64 * 1024
+    # The kernel-side numbers live where the kernel imports them from (one copy each).
+    from lemon_exec.kernel import protocol, streams
+
+    assert protocol.FRAME_CAP_BYTES == 256 * 1024
+    assert streams.STREAM_CHUNK_CHARS == 64 * 1024
 
 
 # --- layers -----------------------------------------------------------------------------------

@@ -18,9 +18,9 @@ import pytest
 from support import configured
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.bridge import REPLAYED, BridgeLimits, HostBridge
+from lemon_exec.host.bridge import BridgeLimits, HostBridge
+from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.kernel import protocol
-from lemon_exec.result import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.tools import ToolHost, ToolRegistry
 
 pytestmark = pytest.mark.timeout(60)
@@ -269,7 +269,7 @@ def test_host_refuses_an_over_budget_chunked_block_and_keeps_going() -> None:
         assert bridge.text_blocks == []
         assert bridge.stats.text_bytes == 0
         bridge.handle(_frame(bridge, 1, "replayed"))
-        assert bridge.replies[-1]["error"] == REPLAYED
+        assert bridge.replies[-1]["error"] == protocol.REPLAYED
         bridge.handle(_frame(bridge, 2, "fits"))
         assert bridge.replies[-1] == {"comm_id": bridge.comm_id, "n": 2, "ok": True}
         assert bridge.text_blocks == ["fits"]

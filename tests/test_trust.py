@@ -31,7 +31,7 @@ from lemon_exec.envelope import (
 from lemon_exec.host.bridge import BridgeStats
 from lemon_exec.host.cell import CellResult
 from lemon_exec.host.output import CapturedOutput
-from lemon_exec.result import (
+from lemon_exec.host.results import (
     ACCOUNTING_NOTICE,
     SESSION_NOTICE,
     WEBFETCH_NOTICE,

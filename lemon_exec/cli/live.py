@@ -14,7 +14,8 @@ from typing import TextIO
 
 from lemon_exec.envelope import parse_envelope
 from lemon_exec.host.output import sanitize
-from lemon_exec.result import DIAGNOSTICS_HEADER, ExecuteCodeResult
+from lemon_exec.host.results import DIAGNOSTICS_HEADER
+from lemon_exec.result import ExecuteCodeResult
 
 __all__ = ["LiveOutput", "unstreamed_content"]
 

@@ -18,19 +18,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from lemon_exec._constants import GRACE_S
+from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import ToolCall, ToolHost
 
 log = logging.getLogger(__name__)
 
-AUTH_FAILED = "rpc authentication failed"
-REPLAYED = "rpc request already processed"
-TOO_LARGE = f"rpc frame too large (max {protocol.FRAME_CAP_BYTES} bytes)"
-OUT_OF_ORDER = "rpc request malformed: text blocks must be numbered in order"
 #: A call still running this long after its frame arrived is acknowledged (see _handle_call);
 #: far below the kernel's ack timeout (protocol.ACK_TIMEOUT_S).
 ACK_AFTER_S = 0.2
@@ -56,8 +53,8 @@ class BridgeStats:
     notifications: int = 0
     accounting_loss: bool = False
 
-    def details(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def details(self) -> Details:
+        out: Details = {
             "rpc_calls": self.calls,
             "rpc_denied": self.denied,
             "rpc_errors": self.errors,
@@ -151,36 +148,31 @@ class HostBridge:
         call_id = data.get("id")
         if not self._authentic(data):
             self.stats.denied += 1
-            self._reply_error(call_id, AUTH_FAILED)
+            self._reply_error(call_id, protocol.AUTH_FAILED)
             return
         if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
-            self._reply_error(call_id, TOO_LARGE)
+            self._reply_error(call_id, protocol.TOO_LARGE)
             return
         if not _is_positive_int(call_id):
-            self._reply_error(call_id, "rpc request malformed: id must be a positive integer")
+            self._reply_error(call_id, protocol.BAD_CALL_ID)
             return
         if call_id in self._seen_ids:
-            self._reply_error(call_id, REPLAYED)
+            self._reply_error(call_id, protocol.REPLAYED)
             return
         self._seen_ids.add(call_id)
         if self.stats.calls >= self._limits.max_calls:
             self.stats.errors += 1
-            self._reply_error(
-                call_id,
-                f"rpc call limit exceeded (max {self._limits.max_calls} calls per script)",
-            )
+            self._reply_error(call_id, protocol.CALL_LIMIT.format(max_calls=self._limits.max_calls))
             return
         self.stats.calls += 1  # the slot is spent before dispatch
         tool, params = data.get("tool"), data.get("params")
         if not isinstance(tool, str) or not isinstance(params, dict):
             self.stats.errors += 1
-            self._reply_error(
-                call_id, "rpc request malformed: tool must be a string and params an object"
-            )
+            self._reply_error(call_id, protocol.BAD_CALL_SHAPE)
             return
         if tool not in self._enabled or tool not in self._tool_host.names():
             self.stats.errors += 1
-            self._reply_error(call_id, f"unknown tool: {tool}")
+            self._reply_error(call_id, protocol.UNKNOWN_TOOL.format(tool=tool))
             return
         self.stats.tools.add(tool)
         call = ToolCall(tool=tool, params=params, cwd=self._cwd, call_id=call_id)
@@ -191,7 +183,7 @@ class HostBridge:
         # A call still running after ACK_AFTER_S is acknowledged, so the kernel, which bounds
         # only the wait for an ack or answer (a lost frame fails fast), waits on for the
         # tool. Most calls answer sooner and cost no extra message on the hot path.
-        ack = loop.call_later(ACK_AFTER_S, self._reply, {"ack": call_id})
+        ack = loop.call_later(ACK_AFTER_S, self._reply, protocol.call_ack(call_id))
         task.add_done_callback(lambda _task: ack.cancel())
 
     async def _dispatch(self, call: ToolCall) -> None:
@@ -224,21 +216,21 @@ class HostBridge:
         size = len(result.encode("utf-8", "replace"))
         if self.stats.result_bytes + size > self._limits.max_result_bytes:
             self.stats.errors += 1
+            limit = self._limits.max_result_bytes
+            remaining = limit - self.stats.result_bytes
             self._reply_error(
                 call.call_id,
-                f"rpc result budget exceeded: this result is {size} bytes, "
-                f"{self._limits.max_result_bytes - self.stats.result_bytes} of "
-                f"max_rpc_result_bytes ({self._limits.max_result_bytes}) remain",
+                protocol.RESULT_BUDGET.format(size=size, remaining=remaining, limit=limit),
             )
             return
         self.stats.result_bytes += size
-        self._reply({"id": call.call_id, "ok": True, "content": result})
+        self._reply(protocol.call_result(call.call_id, result))
 
     def _handle_text(self, data: dict[str, Any]) -> None:
         n = data.get("n")
         if not self._authentic(data):
             self.stats.denied += 1
-            self._reply({"n": n, "ok": False, "error": AUTH_FAILED})
+            self._reply(protocol.text_reply(n, protocol.AUTH_FAILED))
             return
         text, more = data.get("text"), data.get("more", False)
         if not _is_positive_int(n) or not isinstance(text, str) or not isinstance(more, bool):
@@ -247,18 +239,18 @@ class HostBridge:
         # Normalising never changes the encoded length (\udXXX and \ufffd are both 6 bytes).
         encoded_len = len(json.dumps(text))
         if protocol.frame_size_with_text(data, encoded_len) > protocol.FRAME_CAP_BYTES:
-            self._reply({"n": n, "ok": False, "error": TOO_LARGE})
+            self._reply(protocol.text_reply(n, protocol.TOO_LARGE))
             return
         partial = self._partial
         if n != self._text_next:
             if partial is not None and n == partial.n + 1:
                 # The kernel moved on from a block it could not finish (interrupted while
                 # sending): abandon that block, uncharged, so it cannot poison this one.
-                self._end_block(partial.n, "text() block abandoned before its last frame")
+                self._end_block(partial.n, protocol.TEXT_ABANDONED)
                 partial = None
             else:
-                error = REPLAYED if n < self._text_next else OUT_OF_ORDER
-                self._reply({"n": n, "ok": False, "error": error})
+                error = protocol.REPLAYED if n < self._text_next else protocol.OUT_OF_ORDER
+                self._reply(protocol.text_reply(n, error))
                 return
         if partial is None and not more:  # the common case: a block in one frame
             self._accept_block(n, text, protocol.text_cost(n, encoded_len))
@@ -287,20 +279,20 @@ class HostBridge:
         self._text_next = n + 1
         self.stats.text_bytes += cost
         self.text_blocks.append(text)
-        self._reply({"n": n, "ok": True})
+        self._reply(protocol.text_reply(n))
 
     def _end_block(self, n: int, error: str) -> None:
         """Refuse block ``n``; its number is used up, so later blocks are still accepted."""
         if self._partial is not None and self._partial.n == n:
             self._partial = None
         self._text_next = n + 1
-        self._reply({"n": n, "ok": False, "error": error})
+        self._reply(protocol.text_reply(n, error))
 
     def _text_remaining(self) -> int:
         return self._limits.max_text_bytes - self.stats.text_bytes
 
     def _text_budget_error(self) -> str:
-        return f"text() budget exceeded (max_text_bytes {self._limits.max_text_bytes})"
+        return protocol.TEXT_BUDGET.format(limit=self._limits.max_text_bytes)
 
     def _handle_notify(self, data: dict[str, Any]) -> None:
         msg = data.get("msg")
@@ -330,7 +322,7 @@ class HostBridge:
         self._send_reply({"comm_id": self.comm_id, **content})
 
     def _reply_error(self, call_id: Any, error: str) -> None:
-        self._reply({"id": call_id, "ok": False, "error": error})
+        self._reply(protocol.call_error(call_id, error))
 
     @property
     def in_flight(self) -> int:
@@ -355,5 +347,5 @@ class HostBridge:
             await asyncio.wait(pending, timeout=min(0.05, remaining))
 
 
-def _is_positive_int(value: Any) -> bool:
+def _is_positive_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 1

@@ -18,18 +18,18 @@ import asyncio
 import contextlib
 import logging
 import signal
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from lemon_exec._constants import GRACE_S
 from lemon_exec.host.bridge import BridgeLimits, BridgeStats, HostBridge
 from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, OutputCapture
 from lemon_exec.kernel import protocol
+from lemon_exec.scope import AbortSignal  # public: defined where callers import it
 from lemon_exec.tools import ToolHost
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,8 @@ _REPORT_WITHIN_S = 0.5
 #: counts as finished this long after the other of the two arrived.
 _GAP_SETTLE_S = 0.2
 
-AbortSignal = asyncio.Event | threading.Event
+#: How a cell ended. ok, exit and exception leave the kernel's state intact.
+CellEnd = Literal["ok", "exit", "exception", "timeout", "cancelled", "crashed", "protocol_fault"]
 
 
 @dataclass
@@ -69,13 +70,9 @@ class CellRequest:
 
 @dataclass
 class CellResult:
-    """How a cell ended.
+    """How a cell ended; for a protocol fault ``fault`` says what was wrong."""
 
-    ``end`` is one of ok, exit, exception, timeout, cancelled, crashed, protocol_fault (then
-    ``extra["protocol_fault"]`` says what was wrong).
-    """
-
-    end: str
+    end: CellEnd
     output: CapturedOutput
     text_blocks: list[str]
     stats: BridgeStats
@@ -83,7 +80,7 @@ class CellResult:
     ename: str = ""
     evalue: str = ""
     duration_ms: int = 0
-    extra: dict[str, Any] = field(default_factory=dict)
+    fault: str | None = None
 
     @property
     def kernel_reusable(self) -> bool:
@@ -187,22 +184,21 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
         on_notify=request.on_update,
     )
     sink = _CellSink(capture, bridge, request.on_output)
-    metadata = {
-        protocol.CELL_METADATA_KEY: {
-            "v": protocol.PROTOCOL_VERSION,
-            "token": bridge.token,
-            "comm_id": bridge.comm_id,
-            "helpers": list(request.helpers),
-            "max_text_bytes": request.limits.max_text_bytes,
-            "filename": request.filename,
-            **({"argv": list(request.argv)} if request.argv is not None else {}),
-            **({"cwd": str(request.cwd)} if request.chdir else {}),
-            **({"env": request.env} if request.env else {}),
-        }
-    }
+    metadata = protocol.cell_metadata(
+        protocol.CellSetup(
+            token=bridge.token,
+            comm_id=bridge.comm_id,
+            helpers=request.helpers,
+            max_text_bytes=request.limits.max_text_bytes,
+            filename=request.filename,
+            argv=request.argv,
+            cwd=str(request.cwd) if request.chdir else None,
+            env=request.env,
+        )
+    )
     # A kernel that already broke the protocol (while idle) never runs another cell.
     msg_id = None if kernel.fault else kernel.execute(request.code, metadata, sink)
-    end = "ok"
+    end: CellEnd = "ok"
     try:
         end = "protocol_fault" if msg_id is None else await _watch(kernel, sink, request)
         if end in ("timeout", "cancelled"):
@@ -228,7 +224,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
     if end == "ok" and kernel.fault:  # the cell's own messages were fine, a stray one was not
         end = result.end = "protocol_fault"
     if end == "protocol_fault":
-        result.extra["protocol_fault"] = sink.fault or kernel.fault
+        result.fault = sink.fault or kernel.fault
     elif end == "ok":
         _apply_reply(result, sink.reply or {})
     elif end == "crashed":
@@ -236,7 +232,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
     return result
 
 
-async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -> str:
+async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -> CellEnd:
     # asyncio.Events are awaited; threading.Events are polled by the watchdog tick.
     abort_waits = [
         asyncio.ensure_future(a.wait()) for a in request.aborts if isinstance(a, asyncio.Event)
@@ -263,7 +259,7 @@ async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -
             waiter.cancel()
 
 
-def _ended(sink: _CellSink) -> str:
+def _ended(sink: _CellSink) -> CellEnd:
     return "ok" if sink.fault is None else "protocol_fault"
 
 
@@ -282,18 +278,13 @@ async def _interrupt(kernel: ManagedKernel, sink: _CellSink) -> None:
 
 
 def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
-    outcome = reply.get("lemon")
-    if isinstance(outcome, dict):
-        kind = outcome.get("kind", "ok")
-        result.end = kind if kind in ("ok", "exit", "exception") else "exception"
-        result.exit_code = int(outcome.get("exit_code") or 0)
-        result.ename = str(outcome.get("ename") or "")
-        result.evalue = str(outcome.get("evalue") or "")
-    elif reply.get("status") == "error":
-        result.end, result.exit_code = "exception", 1
-        result.ename, result.evalue = str(reply.get("ename", "")), str(reply.get("evalue", ""))
-    else:
-        result.exit_code = 0
+    outcome = protocol.parse_script_reply(reply)
+    result.end = _REPLY_ENDS.get(outcome.kind, "exception")
+    result.exit_code = outcome.exit_code
+    result.ename, result.evalue = outcome.ename, outcome.evalue
+
+
+_REPLY_ENDS: dict[str, CellEnd] = {"ok": "ok", "exit": "exit", "exception": "exception"}
 
 
 async def dispose(kernel: ManagedKernel) -> None:

@@ -85,16 +85,11 @@ class CellBridge:
             self._check_open()
             self._next_call_id += 1
             call_id = self._next_call_id
-        frame = {
-            "type": protocol.CALL,
-            "id": call_id,
-            "token": self._token,
-            "tool": tool,
-            "params": params,
-        }
-        reply = self._request(("call", call_id), frame)
-        if reply.get("ok") is True and isinstance(reply.get("content"), str):
-            return reply["content"]
+        frame = protocol.call_frame(call_id, self._token, tool, params)
+        reply = self._request((protocol.CALL, call_id), frame)
+        content = reply.get("content")
+        if reply.get("ok") is True and isinstance(content, str):
+            return content
         raise ToolError(str(reply.get("error") or f"{tool} failed"))
 
     def text(self, value: object) -> None:
@@ -113,13 +108,15 @@ class CellBridge:
                 cost = protocol.text_cost(n, encoded_len)
                 if self._text_bytes + cost > self._max_text_bytes:
                     raise ToolError(
-                        f"text() budget exceeded: this block needs {cost} bytes but only "
-                        f"{self._max_text_bytes - self._text_bytes} of max_text_bytes "
-                        f"({self._max_text_bytes}) remain; earlier blocks are kept"
+                        protocol.KERNEL_TEXT_BUDGET.format(
+                            cost=cost,
+                            remaining=self._max_text_bytes - self._text_bytes,
+                            limit=self._max_text_bytes,
+                        )
                     )
                 self._text_n = n
                 self._text_bytes += cost
-                key = ("text", n)
+                key = (protocol.TEXT, n)
                 pending = _Pending()
                 self._pending[key] = pending
             sent = 0
@@ -142,7 +139,7 @@ class CellBridge:
         if reply.get("ok") is not True:
             with self._lock:
                 self._text_bytes -= cost  # refused: the host charged nothing either
-            raise ToolError(str(reply.get("error") or "text() was refused by the host"))
+            raise ToolError(str(reply.get("error") or protocol.TEXT_REFUSED))
 
     def notify(self, message: object) -> None:
         """Send a progress message; fire-and-forget, capped per message and per run."""
@@ -152,7 +149,7 @@ class CellBridge:
                 return  # beyond the cap notify() is silently dropped, as specified
             self._notify_n += 1
             n = self._notify_n
-        self._send({"type": protocol.NOTIFY, "n": n, "token": self._token, "msg": msg})
+        self._send(protocol.notify_frame(n, self._token, msg))
 
     def _request(
         self, key: tuple[str, int], frame: dict[str, Any], *, size_checked: bool = False
@@ -181,14 +178,13 @@ class CellBridge:
                     break
                 if not pending.acked and time.monotonic() > deadline:
                     raise ToolError(
-                        f"no reply from the host within {self._ack_timeout_s:g} s: the "
-                        f"{key[0]} frame was lost on its way to the host; try again"
+                        protocol.NO_REPLY.format(timeout=self._ack_timeout_s, kind=key[0])
                     )
         finally:
             with self._lock:
                 self._pending.pop(key, None)
         if pending.reply is None:
-            raise ToolError("the execute_code cell ended before the host replied")
+            raise ToolError(protocol.CELL_ENDED)
         return pending.reply
 
     def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
@@ -218,35 +214,27 @@ class CellBridge:
                 )
             except UnicodeEncodeError:
                 # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
-                raise ToolError(
-                    "helper arguments must be valid Unicode text (a lone surrogate cannot be "
-                    "sent to the host)"
-                ) from None
+                raise ToolError(protocol.BAD_UNICODE) from None
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ToolError("the execute_code cell that owned this helper has ended")
+            raise ToolError(protocol.CELL_CLOSED)
 
     # -- host → kernel (called from the control thread) -----------------------------------
 
     def deliver(self, reply: dict[str, Any]) -> bool:
         """Hand a host reply to the thread waiting for it; False when nobody waits."""
-        ack = reply.get("ack")
-        if isinstance(ack, int) and not isinstance(ack, bool):
-            with self._lock:
-                pending = self._pending.get(("call", ack))
+        target = protocol.reply_target(reply)
+        if target is None:
+            return False
+        kind, number, is_ack = target
+        with self._lock:
+            pending = self._pending.get((kind, number))
+        if is_ack:
             if pending is None:
                 return False
             pending.acked = True  # the wait for the answer is now bounded by the cell only
             return True
-        if isinstance(reply.get("id"), int) and not isinstance(reply.get("id"), bool):
-            key = ("call", reply["id"])
-        elif isinstance(reply.get("n"), int) and not isinstance(reply.get("n"), bool):
-            key = ("text", reply["n"])
-        else:
-            return False
-        with self._lock:
-            pending = self._pending.get(key)
         if pending is None or pending.event.is_set():
             return False
         pending.reply = reply
@@ -265,7 +253,4 @@ class CellBridge:
 def _check_frame_size(frame: dict[str, Any]) -> None:
     size = protocol.frame_size(frame)
     if size > protocol.FRAME_CAP_BYTES:
-        raise ToolError(
-            f"frame too large: {size} bytes exceeds the {protocol.FRAME_CAP_BYTES}-byte "
-            "protocol frame cap; split the data into smaller pieces"
-        )
+        raise ToolError(protocol.FRAME_TOO_LARGE.format(size=size, cap=protocol.FRAME_CAP_BYTES))

@@ -14,34 +14,23 @@ from typing import Any
 
 from lemon_exec.kernel import cells
 from lemon_exec.kernel.bridge import CellBridge, ToolError
-from lemon_exec.kernel.protocol import normalize_text
-
-#: The fixed allowlist, in order. Configuration can only narrow it.
-HELPER_NAMES = ("read", "grep", "find", "ls", "webfetch")
+from lemon_exec.kernel.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD, normalize_text
 
 #: batch() never uses more threads than this; the host dispatches max_parallel_rpc at once.
 BATCH_MAX_THREADS = 16
-
-_NO_HOST = (
-    "no lemon_exec host is attached to this kernel: helpers work only in scripts run through "
-    "execute_code (lemon_exec)"
-)
 
 
 def _bridge() -> CellBridge | None:
     bridge = cells.STATE.bridge
     if bridge is not None and cells.thread_generation() != bridge.generation:
-        raise ToolError(
-            "this thread was started by an earlier execute_code script; helpers are only "
-            "available to threads of the script that is running now"
-        )
+        raise ToolError(STALE_THREAD)
     return bridge
 
 
 def _call(tool: str, **params: Any) -> str:
     bridge = _bridge()
     if bridge is None:
-        raise ToolError(_NO_HOST)
+        raise ToolError(NO_HOST)
     # None means "the tool's default", so it is left out: read(path=p) == read(p, None, None).
     return bridge.call(tool, {k: v for k, v in params.items() if v is not None})
 

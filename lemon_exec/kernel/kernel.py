@@ -197,32 +197,30 @@ class LemonKernel(IPythonKernel):
             self._set_running("idle")
 
     async def _run_lemon_cell(self, code: str, meta: dict[str, Any]) -> dict[str, Any]:
-        if meta.get("v") != protocol.PROTOCOL_VERSION:
-            return self._error_reply(
-                "ProtocolError",
-                f"lemon protocol version {meta.get('v')!r} is not supported by this kernel "
-                f"(it speaks version {protocol.PROTOCOL_VERSION})",
-            )
-        if meta.get("cwd"):
-            os.chdir(meta["cwd"])
-        if meta.get("env"):
-            os.environ.update({str(k): str(v) for k, v in meta["env"].items()})
+        setup = protocol.parse_cell_setup(meta)
+        if isinstance(setup, str):
+            outcome = protocol.ScriptOutcome("protocol_error", 1, protocol.VERSION_ENAME, setup)
+            return protocol.script_reply(outcome, self.execution_count)
+        if setup.cwd:
+            os.chdir(setup.cwd)
+        if setup.env:
+            os.environ.update(setup.env)
         assert self.shell is not None
         namespace = self.shell.user_ns
-        helpers.install(namespace, meta.get("helpers"))
+        helpers.install(namespace, setup.helpers)
         bridge = CellBridge(
             # A forked child's frames never reach the host: its helpers fail fast instead.
             session=ForkGuardedSession(self.session),
             iopub_socket=self.iopub_socket,
             parent=self.get_parent("shell"),
-            comm_id=str(meta["comm_id"]),
-            token=str(meta["token"]),
+            comm_id=setup.comm_id,
+            token=setup.token,
             generation=cells.next_generation(),
-            max_text_bytes=int(meta.get("max_text_bytes", 65536)),
+            max_text_bytes=setup.max_text_bytes,
         )
         saved_argv = sys.argv
-        if isinstance(meta.get("argv"), list):  # `lemon-exec run FILE -- ARGS`
-            sys.argv = [str(arg) for arg in meta["argv"]]
+        if setup.argv is not None:  # `lemon-exec run FILE -- ARGS`
+            sys.argv = list(setup.argv)
         saved_streams = sys.stdout, sys.stderr
         merged = ChunkedStream(sys.stdout)
         sys.stdout = sys.stderr = merged  # type: ignore[assignment]
@@ -230,34 +228,14 @@ class LemonKernel(IPythonKernel):
         saved_fd2 = _merge_fd(2, into=1)
         cells.open_cell(bridge)
         try:
-            outcome = await script.run_script(
-                code, str(meta.get("filename", "script.py")), namespace
-            )
+            outcome = await script.run_script(code, setup.filename, namespace)
         finally:
             cells.close_cell()
             merged.flush()
             sys.stdout, sys.stderr = saved_streams
             sys.argv = saved_argv
             _restore_fd(2, saved_fd2)
-        reply: dict[str, Any] = {
-            "status": "ok" if outcome.kind == "ok" else "error",
-            "execution_count": self.execution_count,
-            "user_expressions": {},
-            "lemon": outcome.to_dict(),
-        }
-        if outcome.kind != "ok":
-            reply.update(ename=outcome.ename or "SystemExit", evalue=outcome.evalue, traceback=[])
-        return reply
-
-    def _error_reply(self, ename: str, evalue: str) -> dict[str, Any]:
-        return {
-            "status": "error",
-            "execution_count": self.execution_count,
-            "ename": ename,
-            "evalue": evalue,
-            "traceback": [],
-            "lemon": script.Outcome("protocol_error", 1, ename, evalue).to_dict(),
-        }
+        return protocol.script_reply(outcome, self.execution_count)
 
 
 def _error_content(ename: str, evalue: str) -> dict[str, Any]:

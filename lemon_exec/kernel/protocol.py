@@ -1,7 +1,9 @@
 """Constants and frame helpers of the lemon comm protocol, shared by host and kernel.
 
 The protocol is specified in ``docs/comm-protocol.md``; this module is its single source of
-numbers and names. Standard library only: the kernel side imports it too.
+numbers, names, message shapes (the cell setup, the frames, the replies, the script outcome
+in the execute reply: each built and parsed here) and error texts. Standard library only:
+the kernel side imports it too.
 """
 
 from __future__ import annotations
@@ -9,13 +11,12 @@ from __future__ import annotations
 import hmac
 import json
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 #: Bumped on any incompatible change to frames, metadata or message types.
 PROTOCOL_VERSION = 1
-
-#: Comm target of the per-cell bridge (kernel → host frames are ``comm_msg`` on IOPub).
-COMM_TARGET = "lemon.rpc"
 
 #: Host → kernel replies travel on the control channel as this message type, because a
 #: shell-channel message would queue behind the running cell (docs/comm-protocol.md §3).
@@ -51,10 +52,63 @@ NOTIFY_MAX_COUNT = 64
 TOKEN_BYTES = 32
 TOKEN_LENGTH = 43
 
+#: The five helpers, in order: the fixed allowlist (configuration can only narrow it).
+HELPER_NAMES: tuple[str, ...] = ("read", "grep", "find", "ls", "webfetch")
+
 # Frame types, kernel → host.
 CALL = "call"
 TEXT = "text"
 NOTIFY = "notify"
+
+# -- error texts (docs/comm-protocol.md §9) ------------------------------------------------
+# Host side: the ``error`` of a failed reply, which the helper raises as ToolError.
+AUTH_FAILED = "rpc authentication failed"
+REPLAYED = "rpc request already processed"
+TOO_LARGE = f"rpc frame too large (max {FRAME_CAP_BYTES} bytes)"
+OUT_OF_ORDER = "rpc request malformed: text blocks must be numbered in order"
+BAD_CALL_ID = "rpc request malformed: id must be a positive integer"
+BAD_CALL_SHAPE = "rpc request malformed: tool must be a string and params an object"
+CALL_LIMIT = "rpc call limit exceeded (max {max_calls} calls per script)"
+UNKNOWN_TOOL = "unknown tool: {tool}"
+RESULT_BUDGET = (
+    "rpc result budget exceeded: this result is {size} bytes, {remaining} of "
+    "max_rpc_result_bytes ({limit}) remain"
+)
+TEXT_BUDGET = "text() budget exceeded (max_text_bytes {limit})"
+TEXT_ABANDONED = "text() block abandoned before its last frame"
+# Kernel side: raised as ToolError in the script.
+KERNEL_TEXT_BUDGET = (
+    "text() budget exceeded: this block needs {cost} bytes but only {remaining} of "
+    "max_text_bytes ({limit}) remain; earlier blocks are kept"
+)
+FRAME_TOO_LARGE = (
+    "frame too large: {size} bytes exceeds the {cap}-byte protocol frame cap; split the data "
+    "into smaller pieces"
+)
+NO_REPLY = (
+    "no reply from the host within {timeout:g} s: the {kind} frame was lost on its way to "
+    "the host; try again"
+)
+CELL_ENDED = "the execute_code cell ended before the host replied"
+CELL_CLOSED = "the execute_code cell that owned this helper has ended"
+TEXT_REFUSED = "text() was refused by the host"
+BAD_UNICODE = (
+    "helper arguments must be valid Unicode text (a lone surrogate cannot be sent to the host)"
+)
+NO_HOST = (
+    "no lemon_exec host is attached to this kernel: helpers work only in scripts run through "
+    "execute_code (lemon_exec)"
+)
+STALE_THREAD = (
+    "this thread was started by an earlier execute_code script; helpers are only available "
+    "to threads of the script that is running now"
+)
+#: The ``ename`` of the execute reply when the cell setup is not one this kernel speaks.
+VERSION_ENAME = "ProtocolError"
+VERSION_MISMATCH = (
+    "lemon protocol version {got!r} is not supported by this kernel (it speaks version "
+    f"{PROTOCOL_VERSION})"
+)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -174,3 +228,151 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
         "metadata": session.unpack(frames[3]),
         "content": session.unpack(frames[4]),
     }
+
+
+# -- cell setup: the execute_request metadata (host → kernel, §2) ---------------------------
+
+
+@dataclass(frozen=True)
+class CellSetup:
+    """What the host tells the kernel about one script cell."""
+
+    token: str
+    comm_id: str
+    helpers: tuple[str, ...]
+    max_text_bytes: int
+    filename: str = "script.py"
+    argv: tuple[str, ...] | None = None  # sys.argv while the script runs; None: untouched
+    cwd: str | None = None  # chdir first (per-call claims); sessions start in their cwd
+    env: Mapping[str, str] | None = None  # merged into os.environ
+
+
+def cell_metadata(setup: CellSetup) -> dict[str, Any]:
+    """The execute_request ``metadata`` that makes a cell a lemon script run."""
+    meta: dict[str, Any] = {
+        "v": PROTOCOL_VERSION,
+        "token": setup.token,
+        "comm_id": setup.comm_id,
+        "helpers": list(setup.helpers),
+        "max_text_bytes": setup.max_text_bytes,
+        "filename": setup.filename,
+    }
+    if setup.argv is not None:
+        meta["argv"] = list(setup.argv)
+    if setup.cwd is not None:
+        meta["cwd"] = setup.cwd
+    if setup.env:
+        meta["env"] = dict(setup.env)
+    return {CELL_METADATA_KEY: meta}
+
+
+def parse_cell_setup(meta: Mapping[str, Any]) -> CellSetup | str:
+    """The setup in ``metadata.lemon``, or the error text when its version is not ours."""
+    if meta.get("v") != PROTOCOL_VERSION:
+        return VERSION_MISMATCH.format(got=meta.get("v"))
+    argv, env, helpers = meta.get("argv"), meta.get("env"), meta.get("helpers")
+    return CellSetup(
+        token=str(meta["token"]),
+        comm_id=str(meta["comm_id"]),
+        helpers=HELPER_NAMES if helpers is None else tuple(str(h) for h in helpers),
+        max_text_bytes=int(meta.get("max_text_bytes", 65536)),
+        filename=str(meta.get("filename", "script.py")),
+        argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
+        cwd=str(meta["cwd"]) if meta.get("cwd") else None,
+        env={str(k): str(v) for k, v in env.items()} if env else None,
+    )
+
+
+# -- the script's outcome in the execute_reply (kernel → host, §2) ---------------------------
+
+
+@dataclass(frozen=True)
+class ScriptOutcome:
+    """How a script ended: ``ok``, ``exit`` (SystemExit != 0), ``exception``, ``interrupted``
+    (the host stopped it) or ``protocol_error`` (the cell setup was not understood)."""
+
+    kind: str
+    exit_code: int = 0
+    ename: str = ""
+    evalue: str = ""
+
+
+def script_reply(outcome: ScriptOutcome, execution_count: int) -> dict[str, Any]:
+    """The execute_reply content of a script cell, its outcome under ``lemon``."""
+    reply: dict[str, Any] = {
+        "status": "ok" if outcome.kind == "ok" else "error",
+        "execution_count": execution_count,
+        "user_expressions": {},
+        CELL_METADATA_KEY: {
+            "kind": outcome.kind,
+            "exit_code": outcome.exit_code,
+            "ename": outcome.ename,
+            "evalue": outcome.evalue,
+        },
+    }
+    if outcome.kind != "ok":
+        # The filtered traceback is already in the output: front ends must not print it twice.
+        reply.update(ename=outcome.ename or "SystemExit", evalue=outcome.evalue, traceback=[])
+    return reply
+
+
+def parse_script_reply(reply: Mapping[str, Any]) -> ScriptOutcome:
+    """The outcome of a script cell from its execute_reply; ``kind`` is ok, exit or exception.
+
+    A reply without ``lemon`` (a kernel that ran the cell as plain IPython) is read from its
+    ``status``; every kind but ok and exit counts as an exception.
+    """
+    outcome = reply.get(CELL_METADATA_KEY)
+    if isinstance(outcome, Mapping):
+        kind = outcome.get("kind", "ok")
+        return ScriptOutcome(
+            kind if kind in ("ok", "exit", "exception") else "exception",
+            int(outcome.get("exit_code") or 0),
+            str(outcome.get("ename") or ""),
+            str(outcome.get("evalue") or ""),
+        )
+    if reply.get("status") == "error":
+        return ScriptOutcome(
+            "exception", 1, str(reply.get("ename", "")), str(reply.get("evalue", ""))
+        )
+    return ScriptOutcome("ok")
+
+
+# -- frames (kernel → host, §4) and replies (host → kernel, §5) -------------------------------
+
+
+def call_frame(call_id: int, token: str, tool: str, params: dict[str, Any]) -> dict[str, Any]:
+    return {"type": CALL, "id": call_id, "token": token, "tool": tool, "params": params}
+
+
+def notify_frame(n: int, token: str, msg: str) -> dict[str, Any]:
+    return {"type": NOTIFY, "n": n, "token": token, "msg": msg}
+
+
+def call_result(call_id: int, content: str) -> dict[str, Any]:
+    """A call's successful reply (the host adds the cell's ``comm_id`` to every reply)."""
+    return {"id": call_id, "ok": True, "content": content}
+
+
+def call_error(call_id: Any, error: str) -> dict[str, Any]:
+    """A call's failed reply; ``call_id`` is echoed as sent, even when malformed."""
+    return {"id": call_id, "ok": False, "error": error}
+
+
+def call_ack(call_id: int) -> dict[str, Any]:
+    """The host has the call and it is still running: the kernel's wait is now unbounded."""
+    return {"ack": call_id}
+
+
+def text_reply(n: Any, error: str | None = None) -> dict[str, Any]:
+    """A text block's reply: accepted, or refused with ``error``."""
+    return {"n": n, "ok": True} if error is None else {"n": n, "ok": False, "error": error}
+
+
+def reply_target(reply: Mapping[str, Any]) -> tuple[str, int, bool] | None:
+    """What a reply answers: ``(frame kind, id or n, is_ack)``; None when it names nothing."""
+    for key, kind, is_ack in (("ack", CALL, True), ("id", CALL, False), ("n", TEXT, False)):
+        value = reply.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return kind, value, is_ack
+    return None

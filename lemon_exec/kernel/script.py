@@ -20,8 +20,9 @@ import os
 import sys
 import time
 import traceback
-from dataclasses import asdict, dataclass
 from typing import Any
+
+from lemon_exec.kernel.protocol import ScriptOutcome
 
 #: The script files this kernel has run; traceback frames from these are the script's own.
 _SCRIPT_FILES: set[str] = set()
@@ -34,19 +35,6 @@ _NO_INPUT = (
 
 class UnsupportedInputError(RuntimeError):
     """Raised when a script asks for interactive input; scripts have no stdin."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How a script ended: ``ok``, ``exit`` (SystemExit != 0), ``exception`` or ``interrupted``."""
-
-    kind: str
-    exit_code: int = 0
-    ename: str = ""
-    evalue: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _refuse_input(*_args: Any, **_kwargs: Any) -> str:
@@ -128,7 +116,7 @@ def register_source(filename: str, code: str) -> None:
     _SCRIPT_FILES.add(filename)
 
 
-async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> Outcome:
+async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> ScriptOutcome:
     """Compile and run ``code`` in ``namespace``; print a filtered traceback on failure."""
     register_source(filename, code)
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
@@ -147,12 +135,12 @@ async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> Out
         except KeyboardInterrupt:
             # The host interrupts a script only to stop it (timeout, abort); the contract is
             # state loss, so a KeyboardInterrupt traceback would be noise in the output.
-            return Outcome("interrupted", exit_code=1, ename="KeyboardInterrupt")
+            return ScriptOutcome("interrupted", exit_code=1, ename="KeyboardInterrupt")
         except BaseException as exc:  # the script's failure is an outcome, not our crash
             return _report_exception(exc)
         finally:
             _flush()
-    return Outcome("ok")
+    return ScriptOutcome("ok")
 
 
 def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
@@ -169,22 +157,22 @@ def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
             asyncio.set_event_loop(running)
 
 
-def _exit_outcome(exc: SystemExit) -> Outcome:
+def _exit_outcome(exc: SystemExit) -> ScriptOutcome:
     code = exc.code
     if code is None or code == 0:
-        return Outcome("ok")
+        return ScriptOutcome("ok")
     if isinstance(code, int) and not isinstance(code, bool):
-        return Outcome("exit", exit_code=code)
+        return ScriptOutcome("exit", exit_code=code)
     # sys.exit("message") prints the message and exits 1, as python3 does.
     print(code, file=sys.stderr)
-    return Outcome("exit", exit_code=1)
+    return ScriptOutcome("exit", exit_code=1)
 
 
-def _report_exception(exc: BaseException) -> Outcome:
+def _report_exception(exc: BaseException) -> ScriptOutcome:
     te = traceback.TracebackException.from_exception(exc)
     _filter_frames(te, set())
     sys.stderr.write("".join(te.format()))
-    return Outcome("exception", exit_code=1, ename=type(exc).__name__, evalue=_safe_str(exc))
+    return ScriptOutcome("exception", exit_code=1, ename=type(exc).__name__, evalue=_safe_str(exc))
 
 
 def _filter_frames(te: traceback.TracebackException, seen: set[int]) -> None:

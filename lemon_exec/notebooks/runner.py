@@ -37,6 +37,7 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_output
 
 from lemon_exec.config import SETTING_KEYS, ExecuteCodeConfig
+from lemon_exec.details import Outcome, outcome_of
 from lemon_exec.facade import ExecuteCode
 from lemon_exec.notebooks.normalize import SCENARIO_DIR_PREFIX, Normalizer, Record
 from lemon_exec.scope import SessionScope
@@ -70,7 +71,8 @@ KERNELSPEC = {"name": "lemon-python", "display_name": "Python 3 (lemon_exec)", "
 RESULT_OUTPUT = "result"
 RECORD_OUTPUT = "record"
 
-_DETAIL_FLAGS = ("timed_out", "cancelled", "crashed", "busy", "error")
+#: The status line's word for an outcome that is not an exit code.
+_OUTCOME_WORDS: dict[Outcome, str] = {"timeout": "timed out", "protocol_fault": "protocol fault"}
 _MODES = ("session", "per_call")
 _CELL_KEYS = frozenset({"timeout_ms", "reset", "mode", "expect", "session"})
 _NOTEBOOK_KEYS = frozenset({"config", "cwd", "normalize"})
@@ -443,17 +445,10 @@ def status_line(details: Mapping[str, Any], trust: str = "trusted", notify: int 
 
 
 def _outcome(details: Mapping[str, Any]) -> str:
-    for flag, word in (
-        ("timed_out", "timed out"),
-        ("cancelled", "cancelled"),
-        ("crashed", "crashed"),
-        ("busy", "busy"),
-        ("error", "refused"),
-    ):
-        if details.get(flag):
-            return word
-    code = details.get("exit_code")
-    return "ok" if code == 0 else f"exit {code}"
+    outcome = outcome_of(details)
+    if outcome == "failed":
+        return f"exit {details.get('exit_code')}"
+    return _OUTCOME_WORDS.get(outcome, outcome)
 
 
 def render_markdown(record: Mapping[str, Any]) -> str:

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from lemon_exec.kernel.protocol import HELPER_NAMES
+
 from ._types import ToolFunc, ToolSpec
 
 __all__ = ["ToolRegistry", "default_registry"]
@@ -135,4 +137,6 @@ def default_registry() -> ToolRegistry:
     registry = ToolRegistry()
     for module in (_read, _grep, _find, _ls, _webfetch):
         registry.register(module.spec())
+    # The kernel's helpers and the configuration's allowlist are protocol.HELPER_NAMES.
+    assert tuple(registry.names()) == HELPER_NAMES, registry.names()
     return registry
