@@ -32,30 +32,3 @@ class ExecuteCodeResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {"content": self.content, "details": self.details, "trust": self.trust}
-
-
-# Transition (issue 13): the assembly moved to lemon_exec.host.results. Old imports keep
-# working until every caller imports from there; this is resolved lazily, on first use, so
-# importing this module still pulls in nothing from the host side.
-_MOVED = frozenset(
-    {
-        "ACCOUNTING_NOTICE",
-        "DIAGNOSTICS_HEADER",
-        "NO_OUTPUT",
-        "SESSION_NOTICE",
-        "TEXT_HEADER",
-        "WEBFETCH_NOTICE",
-        "build_result",
-        "cell_untrusted",
-        "headline",
-        "refusal",
-    }
-)
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module("lemon_exec.host.results"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
