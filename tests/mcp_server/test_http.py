@@ -112,6 +112,7 @@ def http_server(
 def _post(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
     """A raw JSON-RPC POST (tools/list), as any local process could send it."""
     parts = urllib.parse.urlsplit(url)
+    assert parts.hostname is not None, url
     conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
     try:
         body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import pathlib
 import select
@@ -116,7 +117,7 @@ def test_script_timeout_fires_on_time_during_a_catastrophic_grep(
     assert elapsed < 3.5, f"the timeout was reported {elapsed:.2f} s after the call started"
     assert gap < 0.5, f"the event loop stalled for {gap:.2f} s"
     # The cancelled grep's worker was killed; closing the facade stopped its replacement.
-    assert all(_wait_until(lambda p=pid: _process_gone(p), 3) for pid in pids)
+    assert all(_wait_until(functools.partial(_process_gone, pid), 3) for pid in pids)
 
 
 def test_grep_overrunning_its_time_limit_is_killed_and_replaced(
@@ -142,7 +143,7 @@ def test_grep_overrunning_its_time_limit_is_killed_and_replaced(
             assert await host.invoke(_grep_call(tmp_path, "a+b")) != ""
             assert host.worker_pids() and old not in host.worker_pids()
             pids = host.worker_pids()
-        assert all(_wait_until(lambda p=pid: _process_gone(p), 3) for pid in pids)
+        assert all(_wait_until(functools.partial(_process_gone, pid), 3) for pid in pids)
 
     asyncio.run(main())
 
