@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -203,3 +204,13 @@ def session_kernels() -> Callable[..., set[int]]:
         return kernel_pids(host=host)
 
     return _session_kernels
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A private TMPDIR short enough for ipc socket paths (pytest's tmp_path is too long)."""
+    path = Path(tempfile.mkdtemp(prefix="lxt-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -25,7 +25,7 @@ import pytest
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.staging import StagingRoot, staging_base
+from lemon_exec.host.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -304,3 +304,27 @@ def test_runtime_dir_stays_0700(own_tool: Callable[..., ExecuteCode], fork_serve
     files = list(runtime.glob("kernel-*.json"))
     assert files
     assert all(mode_of(path) == 0o600 for path in files)
+
+
+def test_tmpdir_too_long_for_socket_paths_is_refused_naming_it(
+    own_tool: Callable[..., ExecuteCode], monkeypatch: pytest.MonkeyPatch, short_tmp: Path
+) -> None:
+    """A long TMPDIR is a clear refusal, not zmq's bare "File name too long" from run()."""
+    room = MAX_SOCKET_BASE_BYTES - len(os.fsencode(short_tmp)) - 1
+    longest = short_tmp / ("d" * room)  # exactly as long as sockets allow
+    longest.mkdir(mode=0o700)
+    too_long = short_tmp / ("d" * (room + 1))
+    too_long.mkdir(mode=0o700)
+
+    monkeypatch.setenv("TMPDIR", str(too_long))
+    facade = own_tool()
+    result = facade.run_sync("print('must not run')")
+    assert result.content.startswith("execute_code: could not create a private workspace: ")
+    assert f"TMPDIR={too_long} is too long" in result.content, result.content
+    assert "set TMPDIR to a shorter directory" in result.content
+    assert result.details["error"] is True
+
+    monkeypatch.setenv("TMPDIR", str(longest))
+    result = facade.run_sync("print('ran')")
+    assert result.content == "ran\n", result.content
+    facade.close()

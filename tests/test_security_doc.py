@@ -23,12 +23,10 @@ import json
 import os
 import re
 import secrets
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -157,16 +155,6 @@ def test_the_socket_probes_see_what_they_look_for(tmp_path: Path) -> None:
         unix.bind(str(tmp_path / "s"))
         unix.listen()
         assert str(tmp_path / "s") in listening_unix_paths(os.getpid())
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """A private TMPDIR short enough for socket paths (pytest's tmp_path is too long)."""
-    path = Path(tempfile.mkdtemp(prefix="lsd-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -305,14 +305,14 @@ def test_only_expired_regular_spill_files_go(tmp_path: Path, dead_pid: int) -> N
         assert link.is_symlink() and directory.is_dir() and victim.exists()
 
 
-def test_the_engine_reaps_once_per_window(tmp_path: Path, dead_pid: int) -> None:
+def test_the_engine_reaps_once_per_window(short_tmp: Path, dead_pid: int) -> None:
     now = time.time()
-    stale = dead_root(tmp_path, "lemon-exec-old", dead_pid)
+    stale = dead_root(short_tmp, "lemon-exec-old", dead_pid)
     for i in range(1200):
         spill(stale / "spill", f"{i:04d}", 2 * DAY, now)
 
     async def boot() -> None:
-        tool = ExecuteCode(ExecuteCodeConfig(enabled=True), staging_base=tmp_path)
+        tool = ExecuteCode(ExecuteCodeConfig(enabled=True), staging_base=short_tmp)
         try:
             engine = tool._ensure_engine()  # the node boots: one batch of 1,000 entries
             assert len(os.listdir(stale / "spill")) == 200

@@ -26,7 +26,7 @@ from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.local_backend import LocalBackend
 from lemon_exec.host.reaper import SpillReaper
-from lemon_exec.host.staging import StagingRoot
+from lemon_exec.host.staging import StagingRoot, check_socket_room
 from lemon_exec.host.staging import staging_base as staging_dir
 from lemon_exec.kernel.protocol import MANAGED_ENV
 from lemon_exec.telemetry import Telemetry
@@ -48,6 +48,7 @@ class Engine:
         self.config = config
         self.telemetry = telemetry
         staging_base = staging_dir(staging_base)  # $TMPDIR, validated: never a fallback
+        check_socket_room(staging_base)  # the local backend binds ipc sockets below it
         hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         self.staging = StagingRoot.create(staging_base)
         self._pypath = kernel_pythonpath(self.staging.path / "pypath")

@@ -47,7 +47,13 @@ from lemon_exec.host.private_fs import (
 from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.host.tree_removal import Budget, clear_dir, remove_tree
 
-__all__ = ["SPILL_MAX_AGE_S", "StagingRoot", "staging_base"]
+__all__ = [
+    "MAX_SOCKET_BASE_BYTES",
+    "SPILL_MAX_AGE_S",
+    "StagingRoot",
+    "check_socket_room",
+    "staging_base",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -96,6 +102,28 @@ def _check_base(path: Path, name: str) -> Path:
     if mode & 0o022 and not mode & stat.S_ISVTX:
         raise refused(f"{name} is writable by other users and lacks the sticky bit{fix}")
     return resolved
+
+
+# A Unix socket path holds at most 107 bytes (sun_path is 108 with its NUL). The longest one
+# a local kernel binds is <base>/lemon-exec-XXXXXXXX/runtime/k-<16 hex>-ipc-host.
+_SUN_PATH_MAX = 107
+_LONGEST_SOCKET_SUFFIX = len("/lemon-exec-XXXXXXXX/runtime/k-0123456789abcdef-ipc-host")
+MAX_SOCKET_BASE_BYTES = _SUN_PATH_MAX - _LONGEST_SOCKET_SUFFIX
+
+
+def check_socket_room(base: Path) -> None:
+    """Refuse a staging base too long for the ipc sockets that kernels bind below it.
+
+    Without this, a long ``TMPDIR`` surfaces as zmq's bare "File name too long" at the first
+    kernel start instead of a refusal that names the directory and the fix.
+    """
+    size = len(os.fsencode(base))
+    if size > MAX_SOCKET_BASE_BYTES:
+        raise refused(
+            f"TMPDIR={base} is too long ({size} bytes; at most {MAX_SOCKET_BASE_BYTES}): kernels "
+            f"listen on Unix sockets below it and a socket path may not exceed {_SUN_PATH_MAX} "
+            "bytes; set TMPDIR to a shorter directory such as /tmp"
+        )
 
 
 # --- the staging root ---------------------------------------------------------------------------
