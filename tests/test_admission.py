@@ -177,12 +177,12 @@ class KernelSampler:
 
 def idle(facade: ExecuteCode) -> None:
     """Wait until the previous call's kernel is stopped and its slot free again."""
-    engine = facade._engine
-    assert engine is not None
+    modes = facade._modes
+    assert modes is not None
     deadline = time.monotonic() + 5
-    while facade._modes.admission.running and time.monotonic() < deadline:
+    while modes.admission.running and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert facade._modes.admission.running == 0
+    assert modes.admission.running == 0
 
 
 def burst(facade: ExecuteCode, script: str, n: int) -> tuple[list[ExecuteCodeResult], list[str]]:
@@ -273,7 +273,7 @@ def test_forty_concurrent_default_calls_all_return(
     facade = ExecuteCode(config)
     try:
         assert facade.run_sync("text('warm')").ok
-        assert facade._engine is not None
+        assert facade._modes is not None
         limit = facade._modes.admission.limit
         started = time.monotonic()
         with KernelSampler(facade, lambda: len(session_kernels(host=os.getpid()))) as sampler:

@@ -123,10 +123,10 @@ def test_config_timeout_zero_gets_the_one_second_floor() -> None:
     with ExecuteCode(config) as facade:
         assert facade.schema()["input_schema"]["properties"]["timeout_ms"]["maximum"] == 1000
         facade.run_sync("pass")  # starts the fork server and the spare
-        engine = facade._engine
-        assert engine is not None
+        modes = facade._modes
+        assert modes is not None
         deadline = time.monotonic() + 20
-        while facade._modes.pool.spare_count < 1 and time.monotonic() < deadline:
+        while modes.pool.spare_count < 1 and time.monotonic() < deadline:
             time.sleep(0.05)
         result = facade.run_sync("import time\ntime.sleep(0.2)\nprint('ran')")
     assert result.ok, result.content

@@ -63,7 +63,8 @@ PROBE = Probe()
 
 
 def _options(path: str) -> dict[str, str]:
-    return dict(kv.split("=", 1) if "=" in kv else (kv, "") for kv in path[1:].split(";") if kv)
+    pairs = (kv.partition("=") for kv in path[1:].split(";") if kv)
+    return {key: value for key, _, value in pairs}  # "key" alone: an empty value
 
 
 def _probe_registry() -> ToolRegistry:
@@ -805,8 +806,13 @@ def test_approval_withdrawn_when_the_cell_times_out(ec: ExecuteCode, scope: Sess
     assert PROBE.approval_cancelled.wait(2)  # the pending approval was withdrawn
     assert PROBE.approval_future is not None
     loop, future = PROBE.approval_future
+
     # Answering the withdrawn prompt later must not run the tool.
-    loop.call_soon_threadsafe(lambda: future.done() or future.set_result(ApprovalOutcome.APPROVED))
+    def answer_late() -> None:
+        if not future.done():
+            future.set_result(ApprovalOutcome.APPROVED)
+
+    loop.call_soon_threadsafe(answer_late)
     time.sleep(0.3)
     assert PROBE.entered == []
 

@@ -18,12 +18,13 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 
 import pytest
 from test_cli import Run, cli, cli_command, cli_env, roots_owned_by, write
 
 from lemon_exec.cli.live import LiveOutput, unstreamed_content
+from lemon_exec.details import Details
 from lemon_exec.envelope import wrap_untrusted
 from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.result import ExecuteCodeResult
@@ -178,7 +179,7 @@ def _live(*chunks: str) -> LiveOutput:
     return live
 
 
-def _result(content: str, **details: Any) -> ExecuteCodeResult:
+def _result(content: str, **details: Unpack[Details]) -> ExecuteCodeResult:
     return ExecuteCodeResult(content, {"text_blocks": 0, "truncated": False, **details})
 
 

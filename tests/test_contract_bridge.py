@@ -222,9 +222,15 @@ def test_large_mixed_block_round_trips_exactly(ec: ExecuteCode, scope: SessionSc
 # -- reassembly on the host, frame by frame (pure logic) ---------------------------------------
 
 
-def _bridge(max_text_bytes: int = MIB, on_notify: Any = None) -> HostBridge:
+class _RecordingBridge(HostBridge):
+    """A HostBridge that keeps the replies it sent to the kernel."""
+
+    replies: list[dict[str, Any]]
+
+
+def _bridge(max_text_bytes: int = MIB, on_notify: Any = None) -> _RecordingBridge:
     replies: list[dict[str, Any]] = []
-    bridge = HostBridge(
+    bridge = _RecordingBridge(
         tool_host=ToolHost(ToolRegistry()),
         enabled_tools=(),
         cwd=Path("."),
@@ -234,7 +240,7 @@ def _bridge(max_text_bytes: int = MIB, on_notify: Any = None) -> HostBridge:
         send_reply=replies.append,
         on_notify=on_notify,
     )
-    bridge.replies = replies  # type: ignore[attr-defined]
+    bridge.replies = replies
     return bridge
 
 

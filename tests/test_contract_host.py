@@ -79,26 +79,26 @@ def test_spare_started_before_an_env_change_is_never_used(
     monkeypatch.delenv(VAR, raising=False)
     facade = own_tool(make_config(warm_kernels=1))
     assert facade.run_sync("pass").ok
-    engine = facade._engine
-    assert engine is not None
-    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # started while VAR was unset
+    modes = facade._modes
+    assert modes is not None
+    wait_for(lambda: modes.pool.spare_count >= 1)  # started while VAR was unset
 
     monkeypatch.setenv(VAR, "set-after-the-spare-started")
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n", result.content
     assert result.details["kernel_source"] == "cold"  # the stale spare was discarded
-    assert facade._modes.pool.stale_discarded == 1
+    assert modes.pool.stale_discarded == 1
 
-    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # a spare started under the new value
+    wait_for(lambda: modes.pool.spare_count >= 1)  # a spare started under the new value
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n"
     assert result.details["kernel_source"] == "spare"  # an up-to-date spare is still used
 
-    wait_for(lambda: facade._modes.pool.spare_count >= 1)
+    wait_for(lambda: modes.pool.spare_count >= 1)
     monkeypatch.delenv(VAR)  # a removed variable is gone on the very next call too
     result = facade.run_sync(SHOW)
     assert result.content == "None\n", result.content
-    assert facade._modes.pool.stale_discarded == 2
+    assert modes.pool.stale_discarded == 2
 
 
 def test_session_kernels_after_an_env_change(
@@ -272,7 +272,7 @@ def test_constructor_converts_like_the_loader(key: str, raw: Any) -> None:
         return
     text = ", ".join(map(str, raw)) if isinstance(raw, tuple) else os.fspath(raw)
     env = {f"LEMON_EXECUTE_CODE_{key.upper()}": text}
-    if key != "tools" or all(isinstance(item, str) for item in raw):
+    if key != "tools" or not isinstance(raw, tuple) or all(isinstance(i, str) for i in raw):
         assert ExecuteCodeConfig.load(environ=env).to_dict()[key] == built
 
 
@@ -295,9 +295,9 @@ def test_runtime_dir_stays_0700(own_tool: Callable[..., ExecuteCode], fork_serve
     facade = own_tool(make_config(fork_server=fork_server, warm_kernels=1))
     for _ in range(2):  # with the fork server, later kernels are forked by the template
         assert facade.run_sync("print(1)").content == "1\n"
-    engine = facade._engine
-    assert engine is not None
-    wait_for(lambda: facade._modes.pool.spare_count >= 1)  # a live kernel: its file is there
+    engine, modes = facade._engine, facade._modes
+    assert engine is not None and modes is not None
+    wait_for(lambda: modes.pool.spare_count >= 1)  # a live kernel: its file is there
     runtime = engine.staging.runtime_dir
     assert mode_of(runtime) == 0o700  # not 01700: nothing chmods it after creation
     engine.ensure_staging()  # the exact-0700 check holds

@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 from support import pid_gone
@@ -262,6 +262,7 @@ def test_queued_caller_leaving_reports_state_retained_false(
             ec.run("import time\ntime.sleep(2.5)\na_done = True", scope=scope)
         )
         assert await wait_until(lambda: ec.snapshot()["phases"]["running"] >= 1)
+        flag: Literal["timed_out", "cancelled"]
         if how == "timeout":
             queued = await ec.run("b_ran = True", scope=scope, timeout_ms=1000)
             flag = "timed_out"

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
+from lemon_exec.details import Details
 from lemon_exec.facade import (
     ALREADY_ABORTED,
     BAD_RESET,
@@ -104,7 +105,7 @@ def pid_of(result: ExecuteCodeResult) -> int:
     raise AssertionError(f"no PID line in {result.content!r}")
 
 
-def check_details(result: ExecuteCodeResult) -> dict[str, Any]:
+def check_details(result: ExecuteCodeResult) -> Details:
     details = result.details
     missing = [key for key in ALWAYS_DETAILS if key not in details]
     assert not missing, f"details lack {missing}: {details}"

@@ -49,13 +49,15 @@ def test_every_run_gets_a_fresh_kernel(tmp_path: Path, fork_server: bool) -> Non
         config = ExecuteCodeConfig(enabled=True, warm_kernels=1, fork_server=fork_server)
         async with ExecuteCode(config) as ec:
             await ec.run("pass")  # spares are started for an interpreter once it is known
+            engine = ec._engine
+            assert engine is not None
             seen: list[dict] = []
             workspaces: list[set[str]] = []
             for i in range(3):
                 await _wait_spares(ec)
                 cwd = tmp_path / f"run{i}"
                 cwd.mkdir()
-                work = ec._engine.staging.work_dir
+                work = engine.staging.work_dir
                 before = set(os.listdir(work))
                 result = await ec.run(PROBE, scope=SessionScope("unused", "a", str(cwd)))
                 assert result.details["kernel_source"] == "spare", result.details
@@ -79,7 +81,10 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
             await ec.run("pass")  # starts the fork server in the background
             await _wait_fork_server(ec)
             info = _probe((await ec.run(PROBE)).content)
-            template = next(iter(ec._engine.backend._forkservers.values()))
+            engine = ec._engine
+            assert engine is not None
+            template = next(iter(engine.backend._forkservers.values()))
+            assert template._proc is not None
             # Forked by the template, not launched by this process.
             assert info["ppid"] == template._proc.pid
             assert info["ppid"] != os.getpid()
@@ -103,7 +108,9 @@ def test_dead_spare_is_never_handed_out() -> None:
         async with ExecuteCode(config) as ec:
             await ec.run("pass")
             await _wait_spares(ec)
+            assert ec._modes is not None
             spare = ec._modes.pool.all_spares()[0]
+            assert spare.pid is not None
             os.kill(spare.pid, signal.SIGKILL)
             for _ in range(100):  # wait until the process has really ended
                 if not await spare.is_alive():
@@ -123,7 +130,8 @@ def test_closing_the_facade_stops_every_spare() -> None:
         ec = ExecuteCode(config)
         await ec.run("pass")
         await _wait_spares(ec, 2)
-        pids = [k.pid for k in ec._modes.pool.all_spares()]
+        assert ec._modes is not None
+        pids = [k.pid for k in ec._modes.pool.all_spares() if k.pid is not None]
         await ec.aclose()
         return pids
 

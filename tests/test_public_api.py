@@ -102,7 +102,7 @@ def test_public_run_takes_no_private_arguments() -> None:
 
 def test_unknown_attribute_raises_attribute_error() -> None:
     with pytest.raises(AttributeError):
-        _ = lemon_exec.NoSuchThing  # type: ignore[attr-defined]
+        _ = lemon_exec.NoSuchThing
     with pytest.raises(ImportError):
         exec("from lemon_exec import _EXPORTS_NOT_THERE", {})
 

@@ -211,10 +211,10 @@ def test_a_live_host_is_as_the_security_page_says(
         assert inet_sockets(pid) == [], (pid, cmdlines[pid])
         listening += listening_unix_paths(pid)
     assert listening, "no kernel socket found"
-    for path in listening:
-        runtime = Path(path).parent
-        assert runtime.name == "runtime" and runtime.parent in roots, path
-        assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700, path
+    for socket_path in listening:
+        runtime = Path(socket_path).parent
+        assert runtime.name == "runtime" and runtime.parent in roots, socket_path
+        assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700, socket_path
     # Six per kernel (5 Jupyter channels + the host's private IOPub copy).
     assert len(listening) % 6 == 0 and len(listening) >= 12, listening
 

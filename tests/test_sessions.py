@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import pytest
 from support import configured, pid_gone
@@ -183,7 +183,8 @@ def test_state_kept(ec: ExecuteCode, work: Path, go: Any, row: str) -> None:
     go(body())
 
 
-LOST_ROWS = {
+LostFlag = Literal["timed_out", "cancelled", "crashed"]
+LOST_ROWS: dict[str, tuple[str, dict[str, Any], LostFlag, str]] = {
     # row: (script, extra run kwargs, flag, lost reason)
     "timeout": ("import time\ntime.sleep(60)", {"timeout_ms": 1500}, "timed_out", "timeout"),
     "abort": ("import time\ntime.sleep(60)", {"abort": "later"}, "cancelled", "cancelled"),
@@ -699,6 +700,7 @@ def test_registry_unavailable_falls_back(work: Path, go: Any) -> None:
         scope = scope_in(work, "registry")
         try:
             await facade.run("print(1)", scope=scope)
+            assert facade._modes is not None
             await facade._modes.sessions.aclose()  # fault injection: the registry is gone
             result = await facade.run("print('still works')", scope=scope)
             _assert_fallback(result, "registry_unavailable")

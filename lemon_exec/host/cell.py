@@ -1,4 +1,4 @@
-"""Run one script cell on a ManagedKernel, end to end, and say how it ended.
+"""Run one script cell on a kernel (a backend's KernelHandle), end to end, and say how it ended.
 
 Output, text blocks, notifications and helper calls are all handled as they arrive (the
 kernel's IOPub reader calls :class:`_CellSink`), while a watchdog waits for the end: the
@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from lemon_exec._constants import GRACE_S
+from lemon_exec.host.backend import KernelHandle
 from lemon_exec.host.bridge import BridgeLimits, BridgeStats, HostBridge
-from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, OutputCapture
 from lemon_exec.kernel import protocol
 from lemon_exec.scope import AbortSignal  # public: defined where callers import it
@@ -169,7 +169,7 @@ class _CellSink:
             self._settle.cancel()
 
 
-async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolHost) -> CellResult:
+async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHost) -> CellResult:
     """Run ``request.code`` on ``kernel``. Never raises for script failures; never hangs."""
     started = time.monotonic()
     capture = OutputCapture(
@@ -232,7 +232,7 @@ async def run_cell(kernel: ManagedKernel, request: CellRequest, tool_host: ToolH
     return result
 
 
-async def _watch(kernel: ManagedKernel, sink: _CellSink, request: CellRequest) -> CellEnd:
+async def _watch(kernel: KernelHandle, sink: _CellSink, request: CellRequest) -> CellEnd:
     # asyncio.Events are awaited; threading.Events are polled by the watchdog tick.
     abort_waits = [
         asyncio.ensure_future(a.wait()) for a in request.aborts if isinstance(a, asyncio.Event)
@@ -263,7 +263,7 @@ def _ended(sink: _CellSink) -> CellEnd:
     return "ok" if sink.fault is None else "protocol_fault"
 
 
-async def _interrupt(kernel: ManagedKernel, sink: _CellSink) -> None:
+async def _interrupt(kernel: KernelHandle, sink: _CellSink) -> None:
     """SIGINT the process group and give the cell a short while to flush and finish.
 
     The kernel is discarded afterwards either way (the caller escalates to SIGTERM and
@@ -287,7 +287,7 @@ def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
 _REPLY_ENDS: dict[str, CellEnd] = {"ok": "ok", "exit": "exit", "exception": "exception"}
 
 
-async def dispose(kernel: ManagedKernel) -> None:
+async def dispose(kernel: KernelHandle) -> None:
     """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up.
 
     An interrupted kernel first gets what is left of its SIGINT grace period.
@@ -301,6 +301,6 @@ async def dispose(kernel: ManagedKernel) -> None:
     await kernel.kill()
 
 
-async def _wait_exit(kernel: ManagedKernel, deadline: float) -> None:
+async def _wait_exit(kernel: KernelHandle, deadline: float) -> None:
     while time.monotonic() < deadline and await kernel.is_alive():
         await asyncio.sleep(0.02)

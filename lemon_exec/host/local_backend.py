@@ -67,7 +67,7 @@ class LocalBackend:
         await kernel.signal_group(signal.SIGINT)
 
     async def stop(self, kernel: KernelHandle) -> None:
-        await cells.dispose(kernel)  # type: ignore[arg-type]  # a ManagedKernel of ours
+        await cells.dispose(kernel)
 
     def warm_up(self, interpreter: str, env: dict[str, str]) -> None:
         self._fork_server(interpreter, env)

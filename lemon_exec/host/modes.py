@@ -334,7 +334,7 @@ class Modes:
     # -- cells ---------------------------------------------------------------------------------
 
     async def _run_cell(self, kernel: KernelHandle, request: cells.CellRequest) -> cells.CellResult:
-        return await cells.run_cell(kernel, request, self.tool_host)  # type: ignore[arg-type]
+        return await cells.run_cell(kernel, request, self.tool_host)
 
     def limits(self) -> BridgeLimits:
         c = self.config

@@ -16,7 +16,8 @@ import threading
 from typing import Any
 
 from ipykernel.ipkernel import IPythonKernel
-from ipykernel.zmqshell import ZMQExitAutocall, ZMQInteractiveShell
+from ipykernel.zmqshell import ZMQInteractiveShell
+from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
 from traitlets import Type, default
 
 from lemon_exec.kernel import cells, helpers, protocol, script
@@ -51,43 +52,49 @@ class ScriptAwareExit(ZMQExitAutocall):
     console, and the kernel too unless it is managed (see :meth:`LemonShell.ask_exit`).
     """
 
+    # IPython leaves its autocall classes unannotated: calls into them are untyped calls.
     def __call__(self, code: object = None, keep_kernel: bool = False) -> None:  # type: ignore[override]
         if script.in_script():
             raise SystemExit(code)
         # IPython's console signature: the first positional argument is keep_kernel.
-        super().__call__(keep_kernel=bool(keep_kernel or code))
+        super().__call__(keep_kernel=bool(keep_kernel or code))  # type: ignore[no-untyped-call]
 
 
 class LemonShell(ZMQInteractiveShell):
+    # ipykernel leaves ZMQInteractiveShell's methods unannotated: calls into them are untyped.
     @default("exiter")
     def _default_exiter(self) -> ScriptAwareExit:
-        return ScriptAwareExit(self)
+        return ScriptAwareExit(self)  # type: ignore[no-untyped-call]
 
     def ask_exit(self) -> None:
         # IPython stops the kernel's event loop here (exit_now) unless keep_kernel was given,
         # before any shutdown_request arrives, so refusing that request is not enough: a
         # managed kernel always keeps running and tells the console to detach only.
         if _managed():
-            self.keepkernel_on_exit = True
+            # ipykernel declares it ``= None`` yet stores a bool there (ZMQExitAutocall).
+            self.keepkernel_on_exit = True  # type: ignore[assignment]
             print(MANAGED_EXIT_NOTE)
-        super().ask_exit()
+        super().ask_exit()  # type: ignore[no-untyped-call]
 
 
 class LemonKernel(IPythonKernel):
+    # ipykernel leaves the kernel's methods unannotated: calls into them (super(), self) are
+    # untyped calls, each marked. ``session`` is Optional in the traits but always set by the
+    # kernel app before any request arrives.
     shell_class = Type(LemonShell)
     implementation = "lemon-python"
     implementation_version = str(protocol.PROTOCOL_VERSION)
     banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
         # What runs on the main thread, for interrupt_request (control thread): "idle", the
         # agent's "script", or a viewer's ordinary "cell". Changed and read under the lock.
         self._running = "idle"
         self._running_lock = threading.Lock()
         cells.install_thread_tagging()
         # Scripts never read stdin; ordinary cells keep ipykernel's input() forwarding.
-        sys.stdin = script.NoStdin()  # type: ignore[assignment]
+        sys.stdin = script.NoStdin()
         if self.shell is not None:
             helpers.install(self.shell.user_ns)
 
@@ -104,7 +111,7 @@ class LemonKernel(IPythonKernel):
         # with `jupyter console --existing` who types `exit` must not end it. The host never
         # asks; it stops its kernels with signals.
         if not _managed():
-            await super().shutdown_request(stream, ident, parent)
+            await super().shutdown_request(stream, ident, parent)  # type: ignore[no-untyped-call]
             return
         content = {
             "status": "error",
@@ -114,6 +121,7 @@ class LemonKernel(IPythonKernel):
             "detach with Ctrl-D, exit or quit",
             "traceback": [],
         }
+        assert self.session is not None
         self.session.send(stream, "shutdown_reply", content, parent, ident=ident)
 
     # -- interrupts -----------------------------------------------------------------------
@@ -124,18 +132,19 @@ class LemonKernel(IPythonKernel):
         # In a managed kernel it may stop only a viewer's own cell, never the agent's script,
         # and an idle kernel is left alone (the agent's next script could start meanwhile).
         if not _managed():
-            await super().interrupt_request(stream, ident, parent)
+            await super().interrupt_request(stream, ident, parent)  # type: ignore[no-untyped-call]
             return
         content: dict[str, Any] = {"status": "ok"}
         with self._running_lock:
             running = self._running
             if running == "cell":
                 try:
-                    self._send_interrupt_children()
+                    self._send_interrupt_children()  # type: ignore[no-untyped-call]
                 except OSError as exc:
                     content = _error_content(type(exc).__name__, str(exc))
         if running == "script":
             content = _error_content("ManagedKernel", AGENT_CELL_NOT_INTERRUPTIBLE)
+        assert self.session is not None
         self.session.send(stream, "interrupt_reply", content, parent, ident=ident)
 
     def _set_running(self, what: str) -> None:
@@ -150,7 +159,7 @@ class LemonKernel(IPythonKernel):
         if _peek_msg_type(self.session, msg) == protocol.REPLY_MSG_TYPE:
             self._handle_bridge_reply(msg)
             return
-        await super().dispatch_control(msg)
+        await super().dispatch_control(msg)  # type: ignore[no-untyped-call]
 
     def _handle_bridge_reply(self, raw: list[Any]) -> None:
         try:
@@ -168,7 +177,7 @@ class LemonKernel(IPythonKernel):
 
     # -- execution --------------------------------------------------------------------------
 
-    async def do_execute(  # type: ignore[override]
+    async def do_execute(
         self,
         code: str,
         silent: bool,
@@ -183,7 +192,7 @@ class LemonKernel(IPythonKernel):
         self._set_running("script" if isinstance(lemon, dict) else "cell")
         try:
             if not isinstance(lemon, dict):
-                return await super().do_execute(
+                reply: dict[str, Any] = await super().do_execute(  # type: ignore[no-untyped-call]
                     code,
                     silent,
                     store_history,
@@ -192,6 +201,7 @@ class LemonKernel(IPythonKernel):
                     cell_meta=cell_meta,
                     cell_id=cell_id,
                 )
+                return reply
             return await self._run_lemon_cell(code, lemon)
         finally:
             self._set_running("idle")
@@ -212,7 +222,7 @@ class LemonKernel(IPythonKernel):
             # A forked child's frames never reach the host: its helpers fail fast instead.
             session=ForkGuardedSession(self.session),
             iopub_socket=self.iopub_socket,
-            parent=self.get_parent("shell"),
+            parent=self.get_parent("shell"),  # type: ignore[no-untyped-call]
             comm_id=setup.comm_id,
             token=setup.token,
             generation=cells.next_generation(),
@@ -223,7 +233,7 @@ class LemonKernel(IPythonKernel):
             sys.argv = list(setup.argv)
         saved_streams = sys.stdout, sys.stderr
         merged = ChunkedStream(sys.stdout)
-        sys.stdout = sys.stderr = merged  # type: ignore[assignment]
+        sys.stdout = sys.stderr = merged
         # Child processes' stderr joins stdout's pipe too: one ordered stream, as specified.
         saved_fd2 = _merge_fd(2, into=1)
         cells.open_cell(bridge)
@@ -263,6 +273,7 @@ def _peek_msg_type(session: Any, raw: list[Any]) -> str | None:
     try:
         frames = [f.bytes if hasattr(f, "bytes") else f for f in raw]
         start = frames.index(b"<IDS|MSG>") + 2  # delimiter, signature, then the header
-        return json.loads(frames[start]).get("msg_type")
+        msg_type = json.loads(frames[start]).get("msg_type")
     except (ValueError, IndexError, AttributeError, TypeError):
         return None
+    return msg_type if isinstance(msg_type, str) else None

@@ -101,7 +101,7 @@ class _InputGuard:
         self._saved = (builtins.input, getpass.getpass, sys.stdin, os._exit)
         builtins.input = _refuse_input
         getpass.getpass = _refuse_getpass
-        sys.stdin = NoStdin()  # type: ignore[assignment]
+        sys.stdin = NoStdin()
         os._exit = _flushing_exit  # type: ignore[assignment]
 
     def __exit__(self, *exc: object) -> None:

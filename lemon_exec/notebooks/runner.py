@@ -286,7 +286,8 @@ class ScenarioResult:
 
 def load_notebook(path: str | os.PathLike[str]) -> NotebookNode:
     """Read a notebook (upgraded to nbformat 4)."""
-    return nbformat.read(os.fspath(path), as_version=4)
+    nb: NotebookNode = nbformat.read(os.fspath(path), as_version=4)  # nbformat is unannotated
+    return nb
 
 
 def save_notebook(nb: NotebookNode, path: str | os.PathLike[str]) -> None:
