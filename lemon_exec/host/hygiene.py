@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -39,7 +38,13 @@ from typing import Any, Protocol
 from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
 from lemon_exec.host import external
 from lemon_exec.host.index import INDEX_NAME
-from lemon_exec.host.private_fs import DIR_FLAGS, OWNER_MARKER, read_owner_pid
+from lemon_exec.host.private_fs import (
+    DIR_FLAGS,
+    OWNER_MARKER,
+    is_own_private_dir,
+    read_owner_pid,
+    read_private_json,
+)
 from lemon_exec.host.tree_removal import Budget, clear_dir
 from lemon_exec.kernel import supervise
 
@@ -136,7 +141,7 @@ def teardown_dead_host(root: Path, host_pid: int) -> bool:
     those are left; nothing happens unless ``root`` is ours, private, and its marker names
     ``host_pid``, which has ended.
     """
-    if not _own_private_dir(root) or read_owner_pid(root) != host_pid:
+    if not is_own_private_dir(root) or read_owner_pid(root) != host_pid:
         return False
     if supervise.running(host_pid):
         return False
@@ -218,37 +223,9 @@ def _delete_connection_files(root: Path, paths: list[str]) -> None:
         os.close(fd)
 
 
-def _own_private_dir(path: Path) -> bool:
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return False
-    return (
-        stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
-    )
-
-
 def _read_index(root: Path) -> dict[str, Any] | None:
     """A root's index if it is exactly as we write it (ours, 0600, a regular file)."""
-    if not _own_private_dir(root):
+    if not is_own_private_dir(root):
         return None
-    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
-    try:
-        fd = os.open(root / INDEX_NAME, flags)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if (
-            not stat.S_ISREG(st.st_mode)
-            or st.st_uid != os.getuid()
-            or stat.S_IMODE(st.st_mode) != 0o600
-            or st.st_size > _MAX_INDEX_BYTES
-        ):
-            return None
-        data = json.loads(os.read(fd, _MAX_INDEX_BYTES + 1))
-    except (OSError, ValueError):
-        return None
-    finally:
-        os.close(fd)
+    data = read_private_json(root / INDEX_NAME, _MAX_INDEX_BYTES)
     return data if isinstance(data, dict) else None

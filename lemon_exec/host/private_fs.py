@@ -17,6 +17,7 @@ import os
 import stat
 import time
 from pathlib import Path
+from typing import Any
 
 from lemon_exec.errors import RefusedError
 
@@ -28,6 +29,7 @@ __all__ = [
     "is_own_private_dir",
     "pid_alive",
     "read_owner_pid",
+    "read_private_json",
     "refused",
     "write_owner_marker",
     "write_private_file",
@@ -132,12 +134,13 @@ def write_owner_marker(directory: Path) -> None:
         raise refused(f"cannot write owner marker in {directory}: {exc}") from None
 
 
-def read_owner_pid(directory: Path) -> int | None:
-    """The PID in ``directory``'s owner marker, or None unless it is exactly as we write it."""
-    marker = directory / OWNER_MARKER
+def read_private_json(path: Path, max_bytes: int) -> Any:
+    """The JSON in ``path`` if it is exactly as we write it (ours, 0600, a regular file of at
+    most ``max_bytes``, not behind a link), else None.
+    """
     try:
-        # O_NONBLOCK: a FIFO planted as the marker must not hang the sweep in open().
-        fd = os.open(marker, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+        # O_NONBLOCK: a FIFO planted at the name must not hang the caller in open().
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
     try:
@@ -146,18 +149,23 @@ def read_owner_pid(directory: Path) -> int | None:
             not stat.S_ISREG(st.st_mode)
             or st.st_uid != os.getuid()
             or stat.S_IMODE(st.st_mode) != 0o600
-            or st.st_size > _MARKER_MAX_BYTES
+            or st.st_size > max_bytes
         ):
             return None
-        raw = os.read(fd, _MARKER_MAX_BYTES + 1)
+        raw = os.read(fd, max_bytes + 1)
     except OSError:
         return None
     finally:
         os.close(fd)
     try:
-        data = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         return None
+
+
+def read_owner_pid(directory: Path) -> int | None:
+    """The PID in ``directory``'s owner marker, or None unless it is exactly as we write it."""
+    data = read_private_json(directory / OWNER_MARKER, _MARKER_MAX_BYTES)
     pid = data.get("pid") if isinstance(data, dict) else None
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return None
