@@ -320,6 +320,26 @@ class ExecuteCodeConfig(Configurable):
         "output past it is counted but not stored, and the result says the file is capped.",
     ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
+    kernel_memory_mb = _Int(
+        0,
+        help="Most memory, in MiB, a kernel and its descendants may use together (a cgroup; "
+        "without one, RLIMIT_AS per process: a MemoryError). Over it the script is killed: "
+        '"Script killed: memory limit (N MB) exceeded." 0: unlimited.',
+    ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
+
+    kernel_max_processes = _Int(
+        0,
+        help="Most processes (and threads) a kernel and its descendants may have at once, so "
+        "a fork bomb is contained (a cgroup's pids.max; without one RLIMIT_NPROC, which root "
+        "ignores, so as root without a cgroup the run is refused). 0: unlimited.",
+    ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
+
+    kernel_max_open_files = _Int(
+        0,
+        help="Most open file descriptors per kernel process (RLIMIT_NOFILE). 0: unlimited "
+        "(the inherited limit).",
+    ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
+
     # --- checks beyond conversion and clamping; they run for every assignment ----------------
 
     @validate("tools")

@@ -48,6 +48,7 @@ class Details(TypedDict, total=False):
     cancelled: bool  # aborted, or the caller went away
     crashed: bool  # the interpreter died (os._exit, a crash, a kill)
     protocol_fault: bool  # a kernel message failed validation; the kernel was discarded
+    memory_limit_exceeded: bool  # crashed: killed for going over kernel_memory_mb
     full_output_path: str  # the spill file holding the output beyond max_output_bytes
     # -- the bridge's accounting --
     text_blocks: int  # text() blocks in the result

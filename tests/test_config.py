@@ -41,6 +41,9 @@ DEFAULTS = {
     "max_concurrent_per_call": 0,
     "max_queued_per_call": 64,
     "max_spill_bytes": 64 * 2**20,
+    "kernel_memory_mb": 0,
+    "kernel_max_processes": 0,
+    "kernel_max_open_files": 0,
 }
 
 
@@ -92,8 +95,8 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
     # the spec's 13, warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
-    # max_spill_bytes
-    assert len(keys) == 18
+    # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files
+    assert len(keys) == 21
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -188,6 +191,9 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_CONCURRENT_PER_CALL": "20",
         "LEMON_EXECUTE_CODE_MAX_QUEUED_PER_CALL": "21",
         "LEMON_EXECUTE_CODE_MAX_SPILL_BYTES": "22",
+        "LEMON_EXECUTE_CODE_KERNEL_MEMORY_MB": "23",
+        "LEMON_EXECUTE_CODE_KERNEL_MAX_PROCESSES": "24",
+        "LEMON_EXECUTE_CODE_KERNEL_MAX_OPEN_FILES": "25",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -208,6 +214,9 @@ def test_every_env_variable_is_read() -> None:
         "max_concurrent_per_call": 20,
         "max_queued_per_call": 21,
         "max_spill_bytes": 22,
+        "kernel_memory_mb": 23,
+        "kernel_max_processes": 24,
+        "kernel_max_open_files": 25,
     }
 
 
@@ -262,8 +271,16 @@ def test_every_limit_is_clamped() -> None:
     limits = [key for key, default in DEFAULTS.items() if type(default) is int]
     config = ExecuteCodeConfig(**dict.fromkeys(limits, -1))
     for key in limits:
-        # warm_kernels = 0 means "off"; 0 per-call slots "automatic", 0 queued "no queue"
-        zero_ok = ("warm_kernels", "max_concurrent_per_call", "max_queued_per_call")
+        # warm_kernels = 0 means "off"; 0 per-call slots "automatic", 0 queued "no queue",
+        # a 0 resource limit "unlimited"
+        zero_ok = (
+            "warm_kernels",
+            "max_concurrent_per_call",
+            "max_queued_per_call",
+            "kernel_memory_mb",
+            "kernel_max_processes",
+            "kernel_max_open_files",
+        )
         expected = 0 if key in zero_ok else 1
         assert getattr(config, key) == expected, key
 

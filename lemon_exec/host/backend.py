@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from lemon_exec.host.index import KernelStatus
+from lemon_exec.host.limits import KernelCgroup
 
 
 class MessageSink(Protocol):
@@ -43,6 +44,8 @@ class KernelHandle(Protocol):
     invalid_messages: int
     #: When the host last interrupted it (stopping honours the grace period from then).
     interrupted_at: float | None
+    #: Its resource-limit cgroup (lemon_exec.host.limits), or None.
+    cgroup: KernelCgroup | None
 
     @property
     def pid(self) -> int | None: ...

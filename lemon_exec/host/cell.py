@@ -81,6 +81,8 @@ class CellResult:
     evalue: str = ""
     duration_ms: int = 0
     fault: str | None = None
+    #: The memory limit (MiB) whose OOM kill ended the kernel ("crashed" only), else None.
+    memory_limit_mb: int | None = None
 
     @property
     def kernel_reusable(self) -> bool:
@@ -229,6 +231,8 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
         _apply_reply(result, sink.reply or {})
     elif end == "crashed":
         result.exit_code = await kernel.exit_status()
+        if kernel.cgroup is not None and kernel.cgroup.memory_limit_hit():
+            result.memory_limit_mb = kernel.cgroup.memory_mb
     return result
 
 

@@ -24,6 +24,7 @@ from lemon_exec.host import hygiene
 from lemon_exec.host.backend import KernelHandle
 from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernelspec import kernel_pythonpath
+from lemon_exec.host.limits import LimitSpec
 from lemon_exec.host.local_backend import LocalBackend
 from lemon_exec.host.reaper import SpillReaper
 from lemon_exec.host.staging import StagingRoot, check_socket_room
@@ -57,7 +58,14 @@ class Engine:
         self._background: set[asyncio.Task[Any]] = set()
         self._live: set[KernelHandle] = set()
         self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
-        self.backend = LocalBackend(self.staging, fork_server=config.fork_server, spawn=self.spawn)
+        self.backend = LocalBackend(
+            self.staging,
+            fork_server=config.fork_server,
+            spawn=self.spawn,
+            limits=LimitSpec(
+                config.kernel_memory_mb, config.kernel_max_processes, config.kernel_max_open_files
+            ),
+        )
         self._closed = False  # no new kernels
         self._finished = False  # aclose ran
         self._reap_handle: asyncio.TimerHandle | None = None

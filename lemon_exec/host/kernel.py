@@ -43,6 +43,7 @@ from lemon_exec.host.backend import MessageSink
 from lemon_exec.host.connfile import PrivateKernelManager
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
+from lemon_exec.host.limits import KernelCgroup
 from lemon_exec.host.output import format_size
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
@@ -98,6 +99,8 @@ class ManagedKernel:
         self.invalid_messages = 0
         #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
         self.interrupted_at: float | None = None
+        #: Its resource-limit cgroup, set by the backend once it is placed there.
+        self.cgroup: KernelCgroup | None = None
         self.status = KernelStatus(kernel_id, "per_call", "starting", km.connection_file)
 
     # -- lifecycle ------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from lemon_exec.host import cell as cells
 from lemon_exec.host.backend import KernelHandle
 from lemon_exec.host.forkserver import ForkServer
 from lemon_exec.host.kernel import ManagedKernel
+from lemon_exec.host.limits import KernelCgroup, Limiter, LimitSpec
 from lemon_exec.host.staging import StagingRoot
 
 #: A fork server that died (e.g. the interpreter lacks ipykernel) is retried this rarely.
@@ -38,8 +39,18 @@ Spawn = Callable[[Coroutine[Any, Any, Any]], object]
 class LocalBackend:
     """Local kernel processes, forked from a per-interpreter template when one is ready."""
 
-    def __init__(self, staging: StagingRoot, *, fork_server: bool, spawn: Spawn) -> None:
+    def __init__(
+        self,
+        staging: StagingRoot,
+        *,
+        fork_server: bool,
+        spawn: Spawn,
+        limits: LimitSpec | None = None,
+    ) -> None:
         self._staging = staging
+        #: Resource limits of every kernel (lemon_exec.host.limits); each kernel's cgroup.
+        self._limiter = Limiter(limits or LimitSpec())
+        self._cgroups: dict[KernelHandle, KernelCgroup | None] = {}
         self._use_fork_server = fork_server
         self._spawn = spawn  # background work the engine waits for on close
         self._forkservers: dict[str, ForkServer] = {}
@@ -53,14 +64,28 @@ class LocalBackend:
         self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
     ) -> ManagedKernel:
         server = self._fork_server(interpreter, env)
-        return await ManagedKernel.start(
-            interpreter=interpreter,
-            cwd=cwd,
-            runtime_dir=self._staging.runtime_dir,
-            env=env,
-            fork_server_id=server.server_id if server is not None and server.ready else "",
-            timeout=timeout,
-        )
+        group = self._limiter.prepare()  # LimitsUnavailable: a limit nothing here enforces
+        try:
+            kernel = await ManagedKernel.start(
+                interpreter=interpreter,
+                cwd=cwd,
+                runtime_dir=self._staging.runtime_dir,
+                env=env,
+                fork_server_id=server.server_id if server is not None and server.ready else "",
+                timeout=timeout,
+            )
+        except BaseException:
+            self._limiter.release(group)
+            raise
+        try:  # before any script runs: the kernel and its descendants go under the limits
+            self._limiter.place(kernel.pid, group)
+        except BaseException:
+            await kernel.kill()
+            self._limiter.release(group)
+            raise
+        kernel.cgroup = group
+        self._cgroups[kernel] = group
+        return kernel
 
     async def interrupt(self, kernel: KernelHandle) -> None:
         kernel.interrupted_at = time.monotonic()
@@ -68,6 +93,8 @@ class LocalBackend:
 
     async def stop(self, kernel: KernelHandle) -> None:
         await cells.dispose(kernel)
+        if kernel in self._cgroups:
+            self._limiter.release(self._cgroups.pop(kernel))
 
     def warm_up(self, interpreter: str, env: dict[str, str]) -> None:
         self._fork_server(interpreter, env)
@@ -106,6 +133,7 @@ class LocalBackend:
     def emergency_cleanup(self) -> None:
         for server in [*self._forkservers.values(), *self._retired]:
             server.kill_sync()
+        self._limiter.close()
 
     async def aclose(self) -> None:
         await asyncio.gather(
@@ -114,6 +142,8 @@ class LocalBackend:
         )
         self._forkservers.clear()
         self._retired.clear()
+        self._cgroups.clear()
+        self._limiter.close()  # after the engine killed every kernel: their cgroups go
 
 
 def _startup_env(env: dict[str, str]) -> dict[str, str]:

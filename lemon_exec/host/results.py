@@ -113,6 +113,8 @@ def headline(cell: CellResult, timeout_ms: int) -> str | None:
         return f"Script timed out after {timeout_ms}ms."
     if end == "cancelled":
         return "Script cancelled."
+    if end == "crashed" and cell.memory_limit_mb is not None:
+        return f"Script killed: memory limit ({cell.memory_limit_mb} MB) exceeded."
     if end == "crashed":
         return f"Script exited with code {cell.exit_code if cell.exit_code is not None else -1}"
     if end == "protocol_fault":
@@ -166,6 +168,8 @@ def build_result(
     flag = OUTCOME_FLAGS.get(cell_outcome(cell.end))
     if flag is not None:
         out[flag] = True  # type: ignore[literal-required]  # a key of Details, by the table
+    if cell.memory_limit_mb is not None:
+        out["memory_limit_exceeded"] = True
     if cell.output.spill_path is not None:
         out["full_output_path"] = str(cell.output.spill_path)
     return ExecuteCodeResult(content, out, "trusted" if notice is None else "untrusted")
