@@ -128,6 +128,8 @@ class ExecuteCode:
         call = prepare(self.config, args, entered)  # checked before anything starts
         if not isinstance(call, Call):
             return finish(call, entered, self.telemetry)
+        # MCP servers' tools are listed (connecting once) before the kernel is told the names.
+        await self._tool_host.prepare_tools()
         try:
             modes = self._ensure_modes()
         except RefusedError as exc:  # the private staging root could not be made
@@ -150,6 +152,7 @@ class ExecuteCode:
         except (ConfigError, RefusedError):
             return
         modes.warm_up(interpreter)
+        await self._tool_host.prepare_tools()  # MCP servers connect and list their tools now
 
     async def attach(self, scope: SessionScope) -> SessionOwner:
         """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md)."""

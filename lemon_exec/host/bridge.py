@@ -175,7 +175,9 @@ class HostBridge:
             self._reply_error(call_id, protocol.UNKNOWN_TOOL.format(tool=tool))
             return
         self.stats.tools.add(tool)
-        call = ToolCall(tool=tool, params=params, cwd=self._cwd, call_id=call_id)
+        call = ToolCall(
+            tool=tool, params=params, cwd=self._cwd, call_id=call_id, notify=self._emit_notify
+        )
         loop = asyncio.get_running_loop()
         task = loop.create_task(self._dispatch(call))
         self._tasks.add(task)
@@ -300,7 +302,11 @@ class HostBridge:
             return  # fire-and-forget: forged or malformed notifications are dropped
         if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
             return  # the kernel never sends one this large: malformed, not counted
-        if self.stats.notifications >= protocol.NOTIFY_MAX_COUNT:
+        self._emit_notify(msg)
+
+    def _emit_notify(self, msg: str) -> None:
+        """One notify() line, from the script or a tool's progress; within the notify caps."""
+        if self._closed or self.stats.notifications >= protocol.NOTIFY_MAX_COUNT:
             return
         self.stats.notifications += 1
         if self._on_notify is not None:

@@ -26,7 +26,8 @@ from typing import Any
 from lemon_exec.errors import ToolDenied, ToolFailure
 
 from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
-from ._registry import ToolRegistry
+from ._mcp_source import McpSource, tool_specs
+from ._registry import ToolRegistry, _not_connected
 from ._types import ToolCall, ToolSpec
 from ._validate import validate_params
 from ._workers import DEFAULT_MAX_WORKERS, DeadlineExceeded, WorkerPool
@@ -138,6 +139,10 @@ class ToolHost:
         self._lane_threads = lane_threads
         self._lanes: dict[str, ThreadLane] = {}
         self._closed = False
+        #: One connection per MCP server (registry.add_mcp_server), made on first need, and
+        #: the connection generation whose tool listing the registry holds.
+        self._mcp: dict[str, McpSource] = {}
+        self._mcp_listed: dict[str, int] = {}
         # A host dropped without close() still kills its workers (also at interpreter exit).
         self._finalizer = weakref.finalize(self, _shutdown, self._workers, self._lanes)
 
@@ -149,11 +154,35 @@ class ToolHost:
         Later calls fail with ``ToolError("<tool> failed: the tool host is closed")``.
         """
         self._closed = True
+        for source in self._mcp.values():
+            source.close_nowait()
         self._finalizer()
 
     async def aclose(self) -> None:
-        """:meth:`close`, awaitable (it blocks at most about two seconds, reaping workers)."""
+        """:meth:`close`, awaitable: also ends the MCP connections (and stdio servers)."""
+        self._closed = True
+        for source in list(self._mcp.values()):
+            await source.aclose()
         self.close()
+
+    async def prepare_tools(self) -> None:
+        """List the tools of each MCP server not listed yet (or restarted since), so the
+        registry names them before a run. A server that cannot be reached is logged and
+        keeps the tools it had."""
+        for config in self.registry.mcp_servers():
+            source = self._mcp.get(config.name)
+            if source is None:
+                source = self._mcp[config.name] = McpSource(config)
+            if self._closed or self._mcp_listed.get(config.name) == source.generation:
+                continue
+            try:
+                tools = await source.list_tools()
+            except Exception as exc:
+                logger.warning("MCP server %s: listing tools failed: %s", config.name, exc)
+                continue
+            specs = [spec for spec, _info in tool_specs(config.name, tools, _not_connected)]
+            self.registry.set_server_tools(config.name, specs)
+            self._mcp_listed[config.name] = source.generation
 
     async def __aenter__(self) -> ToolHost:
         return self
@@ -215,6 +244,8 @@ class ToolHost:
         if self._closed:
             raise ToolFailure(f"{call.tool} failed: the tool host is closed")
         params = validate_params(spec, call.params)
+        if spec.mcp is not None:  # hooks see (server, tool, params) as the server names them
+            call = dataclasses.replace(call, server=spec.mcp.server, server_tool=spec.mcp.tool)
         await self._check_policy(call)
         if self._needs_approval(call):
             await self._ask_approval(call)
@@ -338,6 +369,11 @@ class ToolHost:
         return result
 
     async def _execute(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> Any:
+        if spec.mcp is not None:
+            source = self._mcp.get(spec.mcp.server)
+            if source is None:
+                raise ToolFailure(f"{spec.name} failed: MCP server {spec.mcp.server!r} is gone")
+            return await self._bounded(source.call(spec.mcp, params, call), call.deadline)
         if inspect.iscoroutinefunction(spec.func):
             return await self._bounded(spec.func(params, call), call.deadline)
         if _runs_inline(spec, params, call):

@@ -5,12 +5,15 @@ from __future__ import annotations
 import inspect
 import keyword
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from lemon_exec.kernel.protocol import HELPER_NAMES
 
-from ._types import ToolFunc, ToolSpec
+from ._types import ToolCall, ToolFunc, ToolSpec
+
+if TYPE_CHECKING:
+    from ._mcp_source import McpServerConfig
 
 __all__ = ["ToolRegistry", "default_registry"]
 
@@ -77,11 +80,67 @@ class ToolRegistry:
     def __iter__(self) -> Iterator[ToolSpec]:
         return iter(list(self._specs.values()))
 
+    # -- MCP servers as tool sources (lemon_exec/tools/_mcp_source.py) ------------------------
+
+    def add_mcp_server(
+        self,
+        name: str,
+        *,
+        command: str | None = None,
+        args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        url: str | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> McpServerConfig:
+        """Offer the tools of an MCP server (stdio ``command`` or streamable HTTP ``url``).
+
+        Scripts call them as ``tools.<name>.<tool>(**params)``; ``name`` and the tool names
+        are made identifiers. Nothing connects here: each tool host connects on first need
+        (listing the tools before its first run), one connection per host, restarted after
+        the server crashes. Raises ``ValueError`` for a bad or taken name or a bad target.
+        """
+        from ._mcp_source import McpServerConfig, identifier
+
+        server = identifier(name)
+        servers: dict[str, McpServerConfig] = self.__dict__.setdefault("_mcp_servers", {})
+        if server in servers:
+            raise ValueError(f"MCP server {server!r} is already added")
+        if server in self._specs or any(n.startswith(server + ".") for n in self._specs):
+            raise ValueError(f"MCP server {server!r}: the name is taken by registered tools")
+        _check_spec(ToolSpec(name=f"{server}.tool", func=_not_connected))  # a usable name?
+        config = McpServerConfig(
+            name=server,
+            command=command,
+            args=tuple(args),
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            url=url,
+            headers=dict(headers) if headers is not None else None,
+        )
+        servers[server] = config
+        return config
+
+    def mcp_servers(self) -> list[McpServerConfig]:
+        """The MCP servers added with :meth:`add_mcp_server`, in order."""
+        return list(self.__dict__.get("_mcp_servers", {}).values())
+
+    def set_server_tools(self, server: str, specs: Sequence[ToolSpec]) -> None:
+        """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others."""
+        keep = {spec.name for spec in specs}
+        for old in [n for n in self._specs if n.startswith(server + ".") and n not in keep]:
+            del self._specs[old]
+        for spec in specs:
+            self.register(spec, replace=True)
+
 
 def _check_spec(spec: ToolSpec) -> None:
     """Reject specs a Python helper could not be generated from."""
-    if not _is_identifier(spec.name):
-        raise ValueError(f"tool name must be a Python identifier, got {spec.name!r}")
+    parts = spec.name.split(".") if isinstance(spec.name, str) else [spec.name]
+    if len(parts) > 2 or not all(_is_identifier(p) for p in parts):
+        raise ValueError(
+            f"tool name must be a Python identifier or 'server.tool', got {spec.name!r}"
+        )
     if not callable(spec.func):
         raise ValueError(f"tool {spec.name!r}: func is not callable")
     if spec.isolated:
@@ -122,6 +181,11 @@ def _check_isolated(spec: ToolSpec) -> None:
             f"tool {spec.name!r}: an isolated tool's func must be a module-level function "
             "of an importable module (the worker process imports it by name)"
         )
+
+
+def _not_connected(params: dict[str, Any], call: ToolCall) -> str:
+    """The ``func`` of an MCP server's tool: the tool host calls the server instead."""
+    raise RuntimeError(f"{call.tool} is an MCP server's tool; only a ToolHost can call it")
 
 
 def _is_identifier(name: object) -> bool:

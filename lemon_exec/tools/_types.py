@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ToolCall", "ToolFunc", "ToolSpec"]
+__all__ = ["McpToolInfo", "ToolCall", "ToolFunc", "ToolSpec"]
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,13 @@ class ToolCall:
         deadline: optional ``time.monotonic()`` by which the tool must be done (say, when the
             script's own timeout ends). The host lowers it to the tool's time limit before
             running the tool; tools that wait on the network or the disk honour it.
+        server: for a tool of an MCP server (``registry.add_mcp_server``): the server's name
+            as configured; ``None`` for other tools. Set by the host before the policy and
+            approval hooks see the call.
+        server_tool: for an MCP server's tool: the tool's name as the server spells it
+            (``tool`` is the identifier-safe ``"<server>.<tool>"``).
+        notify: where a tool sends progress lines for the script's notify() stream (the
+            bridge sets it; the notify caps apply). ``None``: progress is dropped.
     """
 
     tool: str
@@ -29,6 +36,9 @@ class ToolCall:
     cwd: pathlib.Path
     call_id: int
     deadline: float | None = None
+    server: str | None = None
+    server_tool: str | None = None
+    notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         # Accept a str cwd from callers; tools rely on it being a Path.
@@ -73,6 +83,11 @@ class ToolSpec:
             freeze the host's event loop. ``func`` must then be a module-level function the
             worker can import by name; params and the result travel as JSON. An ``inline``
             predicate that says True still runs the call on the event loop.
+        result: ``"text"`` (the default): the script gets the tool's text as is; ``"json"``:
+            the text is JSON and the script gets the decoded Python object (MCP tools with
+            structured results).
+        mcp: set for a tool of an MCP server (``registry.add_mcp_server``): the host calls
+            the server instead of ``func``.
     """
 
     name: str
@@ -85,3 +100,16 @@ class ToolSpec:
     inline: Callable[[Mapping[str, Any], ToolCall], bool] | None = None
     time_limit_s: float | None = None
     isolated: bool = False
+    result: str = "text"
+    mcp: McpToolInfo | None = None
+
+
+@dataclass(frozen=True)
+class McpToolInfo:
+    """What the host needs to call one upstream MCP tool (see ``ToolSpec.mcp``)."""
+
+    server: str  # the configured server name
+    tool: str  # the upstream tool name, as the server spells it
+    arg_names: Mapping[str, str] = field(default_factory=dict)  # identifier -> upstream name
+    unwrap_result: bool = False  # structured content is {"result": x}: the script gets x
+    text_result: bool = True  # the result is text (else JSON, see ToolSpec.result)

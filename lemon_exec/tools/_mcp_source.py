@@ -1,0 +1,367 @@
+"""MCP servers as tool sources: one client connection per upstream server and tool host.
+
+A :class:`McpServerConfig` says how to reach a server (a stdio command or a streamable HTTP
+URL). A :class:`McpSource` is one tool host's connection to it: connected lazily on first use,
+owned by one task (the SDK's client must be entered and left in the same task), restarted on
+the next use after the server crashed or closed the connection, and closed with the host.
+:func:`tool_specs` turns the server's tool listing into :class:`ToolSpec` entries named
+``"<server>.<tool>"`` with identifier-safe parts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import keyword
+import logging
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from lemon_exec.errors import ToolFailure
+
+from ._types import McpToolInfo, ToolCall, ToolSpec
+
+__all__ = ["McpServerConfig", "McpSource", "identifier", "tool_specs"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds to start a server and complete the MCP handshake.
+CONNECT_TIMEOUT_S = 30.0
+#: Seconds a closing connection gets to end its server before its task is cancelled.
+CLOSE_GRACE_S = 5.0
+
+#: JSON schema ``type`` -> the Python types the host accepts for it.
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list, tuple),
+    "object": (dict,),
+}
+
+
+def identifier(name: str) -> str:
+    """``name`` made a Python identifier: other characters -> ``_``, a leading digit
+    prefixed with ``_``, a keyword suffixed with ``_``."""
+    out = re.sub(r"\W", "_", name, flags=re.ASCII) or "_"
+    if out[0].isdigit():
+        out = "_" + out
+    if keyword.iskeyword(out):
+        out += "_"
+    return out
+
+
+@dataclass(frozen=True)
+class McpServerConfig:
+    """How to reach one upstream MCP server: ``command`` (stdio) or ``url`` (HTTP)."""
+
+    name: str
+    command: str | None = None
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] | None = None
+    cwd: str | None = None
+    url: str | None = None
+    headers: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.command is None) == (self.url is None):
+            raise ValueError(f"MCP server {self.name!r}: give exactly one of command= and url=")
+        if self.command is not None and not self.command:
+            raise ValueError(f"MCP server {self.name!r}: command is empty")
+        if self.url is not None and not re.match(r"https?://", self.url):
+            raise ValueError(f"MCP server {self.name!r}: url must be http:// or https://")
+
+    def describe(self) -> str:
+        return self.url if self.url is not None else " ".join([str(self.command), *self.args])
+
+
+class McpSource:
+    """One tool host's connection to one upstream server."""
+
+    def __init__(self, config: McpServerConfig) -> None:
+        self.config = config
+        self._client: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+        self._error: BaseException | None = None
+        #: Connections made so far; the host re-lists the tools when it changes.
+        self.generation = 0
+        self._closed = False
+
+    # -- connection ---------------------------------------------------------------------------
+
+    def _alive(self) -> bool:
+        client = self._client
+        if client is None or self._task is None or self._task.done():
+            return False
+        # The SDK fails every request on a closed transport without sending it; its
+        # dispatcher's flag is the only way to see a dead server before using it.
+        dispatcher = getattr(getattr(client, "_session", None), "_dispatcher", None)
+        return not getattr(dispatcher, "_closed", False)
+
+    async def client(self) -> Any:
+        """The live client, (re)connecting first if there is none or the server died."""
+        if self._closed:
+            raise ToolFailure(f"MCP server {self.config.name!r}: the tool host is closed")
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._alive():
+                return self._client
+            await self._disconnect()
+            ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._stop = asyncio.Event()
+            self._error = None
+            self._task = asyncio.create_task(
+                self._own(ready, self._stop), name=f"lemon-mcp-{self.config.name}"
+            )
+            try:
+                await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                await self._disconnect()
+                raise ToolFailure(
+                    f"MCP server {self.config.name!r} did not answer within "
+                    f"{CONNECT_TIMEOUT_S:g} s ({self.config.describe()})"
+                ) from None
+            if self._client is None:
+                err = self._error
+                await self._disconnect()
+                raise ToolFailure(
+                    f"MCP server {self.config.name!r} could not be started "
+                    f"({self.config.describe()}): {_describe_error(err)}"
+                )
+            self.generation += 1
+            return self._client
+
+    async def _own(self, ready: asyncio.Future[None], stop: asyncio.Event) -> None:
+        """Enter the SDK client, publish it, and hold it until told to stop."""
+        from mcp import Client
+
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                client = await stack.enter_async_context(Client(await _target(self.config, stack)))
+                self._client = client
+                ready.set_result(None)
+                await stop.wait()
+        except BaseException as exc:
+            self._error = exc
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+        finally:
+            self._client = None
+            if not ready.done():
+                ready.set_result(None)
+
+    async def _disconnect(self) -> None:
+        task, stop = self._task, self._stop
+        self._task = self._stop = None
+        self._client = None
+        if task is None:
+            return
+        if stop is not None:
+            stop.set()
+        done, _ = await asyncio.wait({task}, timeout=CLOSE_GRACE_S)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=CLOSE_GRACE_S)
+
+    async def aclose(self) -> None:
+        """End the connection (and a stdio server's process). Idempotent."""
+        self._closed = True
+        await self._disconnect()
+
+    def close_nowait(self) -> None:
+        """Ask the connection to end from sync code; it ends as the loop runs."""
+        self._closed = True
+        if self._stop is not None:
+            self._stop.set()
+
+    # -- tools --------------------------------------------------------------------------------
+
+    async def list_tools(self) -> list[Any]:
+        """The server's tools (``mcp_types.Tool``), all pages."""
+        client = await self.client()
+        tools: list[Any] = []
+        cursor: str | None = None
+        while True:
+            page = await client.list_tools(cursor=cursor)
+            tools.extend(page.tools)
+            cursor = page.next_cursor
+            if not cursor:
+                return tools
+
+    async def call(self, info: McpToolInfo, params: Mapping[str, Any], call: ToolCall) -> str:
+        """Call the upstream tool; the text the script gets (JSON for structured results)."""
+        from mcp import MCPError
+
+        label = f"{info.server}.{info.tool}"
+        args = {info.arg_names.get(k, k): v for k, v in params.items() if v is not None}
+        client = await self.client()
+        progress = _progress_callback(call.notify) if call.notify is not None else None
+        try:
+            result = await client.call_tool(info.tool, args, progress_callback=progress)
+        except MCPError as exc:
+            if not self._alive():
+                raise ToolFailure(
+                    f"{label} failed: MCP server {info.server!r} closed the connection "
+                    "(it is restarted on the next call)"
+                ) from None
+            raise ToolFailure(f"{label} failed: {exc}") from None
+        return result_text(result, info, label)
+
+
+def result_text(result: Any, info: McpToolInfo, label: str) -> str:
+    """A ``CallToolResult`` as the script's text: JSON of structured content, else the text."""
+    if result.is_error:
+        raise ToolFailure(f"{label} failed: {_content_text(result.content) or 'error'}")
+    structured = result.structured_content
+    if structured is not None:
+        if info.unwrap_result and isinstance(structured, dict) and set(structured) == {"result"}:
+            structured = structured["result"]
+        if info.text_result and isinstance(structured, str):
+            return structured
+        if not info.text_result:
+            return json.dumps(structured, ensure_ascii=False)
+    if not info.text_result:  # a JSON tool that sent only text: the text, as a JSON string
+        return json.dumps(_content_text(result.content), ensure_ascii=False)
+    return _content_text(result.content)
+
+
+def _content_text(content: list[Any]) -> str:
+    parts = []
+    for block in content:
+        kind = getattr(block, "type", "")
+        if kind == "text":
+            parts.append(block.text)
+        else:  # images, audio, resources: named, not inlined
+            mime = getattr(block, "mime_type", None) or getattr(block, "mimeType", "")
+            parts.append(f"[{kind} content{' ' + mime if mime else ''}]")
+    return "\n".join(parts)
+
+
+def _progress_callback(notify: Callable[[str], None]) -> Any:
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        if message:
+            notify(message)
+        else:
+            notify(f"{progress:g}/{total:g}" if total else f"{progress:g}")
+
+    return on_progress
+
+
+async def _target(config: McpServerConfig, stack: contextlib.AsyncExitStack) -> Any:
+    """What ``mcp.Client`` connects to: stdio parameters or an HTTP transport."""
+    if config.command is not None:
+        import os
+
+        from mcp import StdioServerParameters
+
+        env = None if config.env is None else {**os.environ, **config.env}
+        return StdioServerParameters(
+            command=config.command, args=list(config.args), env=env, cwd=config.cwd
+        )
+    assert config.url is not None
+    if not config.headers:
+        return config.url
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    http = await stack.enter_async_context(httpx2.AsyncClient(headers=dict(config.headers)))
+    return streamable_http_client(config.url, http_client=http)
+
+
+def _describe_error(exc: BaseException | None) -> str:
+    """The first leaf of a (nested) exception group, as ``Type: message``."""
+    while exc is not None:
+        inner = getattr(exc, "exceptions", None)
+        if not isinstance(inner, tuple) or not inner:
+            return f"{type(exc).__name__}: {exc}"
+        exc = inner[0]
+    return "the connection ended"
+
+
+def tool_specs(server: str, tools: list[Any], func: Any) -> list[tuple[ToolSpec, McpToolInfo]]:
+    """One :class:`ToolSpec` per upstream tool, named ``"<server>.<tool>"``."""
+    out: list[tuple[ToolSpec, McpToolInfo]] = []
+    seen: set[str] = set()
+    for tool in tools:
+        name = identifier(tool.name)
+        while name in seen:  # two upstream names that map to one identifier
+            name += "_"
+        seen.add(name)
+        schema = tool.input_schema or {}
+        props: Mapping[str, Any] = schema.get("properties") or {}
+        required_up = [p for p in schema.get("required") or [] if p in props]
+        arg_names: dict[str, str] = {}
+        used: set[str] = set()
+        for up in props:
+            ident = identifier(up)
+            while ident in used:
+                ident += "_"
+            used.add(ident)
+            arg_names[ident] = up
+        upstream_to_ident = {v: k for k, v in arg_names.items()}
+        required = tuple(upstream_to_ident[p] for p in required_up)
+        optional = tuple(k for k in arg_names if k not in required)
+        types: dict[str, type | tuple[type, ...]] = {}
+        defaults: dict[str, Any] = {}
+        for ident, up in arg_names.items():
+            prop = props[up] if isinstance(props[up], Mapping) else {}
+            expected = _python_types(prop)
+            if expected is not None:
+                types[ident] = expected
+            if ident not in required and "default" in prop:
+                defaults[ident] = prop["default"]
+        output = getattr(tool, "output_schema", None) or {}
+        out_props = output.get("properties") if isinstance(output, Mapping) else None
+        # The SDK wraps a non-object return value as {"result": value}; a wrapped string is
+        # handed over as plain text, any other wrapped value as JSON.
+        wrapped = (
+            isinstance(out_props, Mapping)
+            and set(out_props) == {"result"}
+            and str(output.get("title", "")).endswith("Output")
+        )
+        text_result = not output or (
+            wrapped
+            and isinstance(out_props, Mapping)
+            and out_props["result"].get("type") == "string"
+        )
+        info = McpToolInfo(
+            server=server,
+            tool=tool.name,
+            arg_names=arg_names,
+            unwrap_result=wrapped,
+            text_result=text_result,
+        )
+        spec = ToolSpec(
+            name=f"{server}.{name}",
+            func=func,
+            description=(tool.description or "").strip(),
+            parameters=required + optional,
+            required=required,
+            param_types=types,
+            defaults=defaults,
+            result="text" if text_result else "json",
+            mcp=info,
+        )
+        out.append((spec, info))
+    return out
+
+
+def _python_types(prop: Mapping[str, Any]) -> tuple[type, ...] | None:
+    """The Python types of a JSON schema property, or None when not simply expressible."""
+    kind = prop.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    types: list[type] = []
+    for k in kinds:
+        if k == "null":
+            continue
+        if not isinstance(k, str) or k not in _JSON_TYPES:
+            return None
+        types.extend(_JSON_TYPES[k])
+    return tuple(dict.fromkeys(types)) or None

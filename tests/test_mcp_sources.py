@@ -1,0 +1,246 @@
+"""MCP servers as tool sources (issue 14, item 2): real upstream servers over stdio and HTTP.
+
+The upstream server is tests/mcp_upstream/server.py (the SDK's MCPServer). These tests drive
+the tool host directly (host.invoke), the way the bridge does for a script's helper call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from lemon_exec.errors import ToolDenied, ToolFailure
+from lemon_exec.tools import (
+    ApprovalOutcome,
+    PolicyDecision,
+    ToolCall,
+    ToolHost,
+    ToolRegistry,
+)
+from lemon_exec.tools._mcp_source import identifier
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+SERVER = str(Path(__file__).parent / "mcp_upstream" / "server.py")
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def _registry() -> ToolRegistry:
+    registry = ToolRegistry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
+    return registry
+
+
+_ids = iter(range(1, 1_000_000))
+
+
+def _call(tool: str, notify: list[str] | None = None, **params: object) -> ToolCall:
+    return ToolCall(
+        tool=tool,
+        params=dict(params),
+        cwd=Path.cwd(),
+        call_id=next(_ids),
+        notify=notify.append if notify is not None else None,
+    )
+
+
+@pytest.fixture
+async def host() -> AsyncIterator[ToolHost]:
+    tool_host = ToolHost(_registry())
+    await tool_host.prepare_tools()
+    try:
+        yield tool_host
+    finally:
+        await tool_host.aclose()
+
+
+def test_identifier() -> None:
+    assert identifier("get-weather") == "get_weather"
+    assert identifier("9lives") == "_9lives"
+    assert identifier("class") == "class_"
+    assert identifier("ok") == "ok"
+
+
+def test_add_mcp_server_rejects_bad_targets() -> None:
+    registry = ToolRegistry()
+    with pytest.raises(ValueError, match="exactly one of command= and url="):
+        registry.add_mcp_server("x")
+    with pytest.raises(ValueError, match="exactly one"):
+        registry.add_mcp_server("x", command="a", url="http://127.0.0.1:1/mcp")
+    with pytest.raises(ValueError, match="http"):
+        registry.add_mcp_server("x", url="ftp://host/")
+    registry.add_mcp_server("x", command="cat")
+    with pytest.raises(ValueError, match="already added"):
+        registry.add_mcp_server("x", command="cat")
+    assert registry.names() == []  # nothing connects (or lists) before a host needs it
+
+
+async def test_specs_come_from_the_input_schema(host: ToolHost) -> None:
+    names = host.names()
+    assert {"up.echo", "up.add", "up.get_weather", "up.class_", "up.progress"} <= set(names)
+    echo = host.describe("up.echo")
+    assert echo["signature"] == "up.echo(text, times=1)"
+    assert echo["description"] == "Echo text back, repeated."
+    assert echo["types"] == {"text": "str", "times": "int"}
+    weather = host.registry.get("up.get_weather")
+    assert weather is not None and weather.mcp is not None
+    assert weather.mcp.tool == "get-weather" and weather.required == ("city",)
+    klass = host.describe("up.class_")
+    assert klass["types"] == {"value": "int | float"}
+
+
+async def test_results_errors_and_validation(host: ToolHost) -> None:
+    assert await host.invoke(_call("up.echo", text="ab", times=2)) == "abab"
+    assert await host.invoke(_call("up.get_weather", city="Oslo")) == "Oslo: 21 C"
+    add = host.registry.get("up.add")
+    assert add is not None and add.result == "json"
+    assert json.loads(await host.invoke(_call("up.add", a=2, b=3))) == {"sum": 5, "inputs": [2, 3]}
+    with pytest.raises(ToolFailure, match=r"up\.fail failed: .*out of cheese"):
+        await host.invoke(_call("up.fail", message="out of cheese"))
+    with pytest.raises(ToolFailure, match="text"):
+        await host.invoke(_call("up.echo", text=5))  # refused before it reaches the server
+
+
+async def test_progress_becomes_notify_lines(host: ToolHost) -> None:
+    lines: list[str] = []
+    assert await host.invoke(_call("up.progress", lines, steps=3)) == "progressed"
+    assert lines == ["step 1 of 3", "step 2 of 3", "step 3 of 3"]
+
+
+async def test_policy_and_approval_see_server_tool_and_params() -> None:
+    seen: list[tuple[str | None, str | None, str, dict[str, object]]] = []
+
+    def policy(call: ToolCall) -> PolicyDecision:
+        seen.append((call.server, call.server_tool, call.tool, call.params))
+        if call.params.get("city") == "Mordor":
+            return PolicyDecision.deny("no travel there")
+        return PolicyDecision.allow()
+
+    asked: list[tuple[str | None, str | None]] = []
+
+    async def approval(call: ToolCall) -> ApprovalOutcome:
+        asked.append((call.server, call.server_tool))
+        return ApprovalOutcome.DENIED if call.server_tool == "echo" else ApprovalOutcome.APPROVED
+
+    tool_host = ToolHost(_registry(), policy=policy, approval=approval)
+    try:
+        await tool_host.prepare_tools()
+        assert await tool_host.invoke(_call("up.get_weather", city="Rome")) == "Rome: 21 C"
+        with pytest.raises(ToolDenied, match="no travel there"):
+            await tool_host.invoke(_call("up.get_weather", city="Mordor"))
+        with pytest.raises(ToolDenied, match="denied by the user"):
+            await tool_host.invoke(_call("up.echo", text="x"))
+    finally:
+        await tool_host.aclose()
+    assert seen[0] == ("up", "get-weather", "up.get_weather", {"city": "Rome"})
+    assert asked == [("up", "get-weather"), ("up", "echo")]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return stat[0] != "Z"
+
+
+async def _gone(pid: int, within: float = 5.0) -> bool:
+    deadline = time.monotonic() + within
+    while _alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def test_crash_restart_and_close() -> None:
+    tool_host = ToolHost(_registry())
+    try:
+        await tool_host.prepare_tools()
+        first = int(json.loads(await tool_host.invoke(_call("up.pid"))))
+        with pytest.raises(ToolFailure, match=r"closed the connection .*restarted on the next"):
+            await tool_host.invoke(_call("up.crash"))
+        assert await _gone(first)
+        second = int(json.loads(await tool_host.invoke(_call("up.pid"))))
+        assert second != first and _alive(second)
+        await tool_host.prepare_tools()  # a restarted server is listed again
+        assert "up.echo" in tool_host.names()
+    finally:
+        await tool_host.aclose()
+    assert await _gone(second), "closing the host must end the stdio server"
+
+
+async def test_a_server_that_cannot_start_is_reported(tmp_path: Path) -> None:
+    registry = ToolRegistry()
+    registry.add_mcp_server("bad", command=str(tmp_path / "no-such-program"))
+    tool_host = ToolHost(registry)
+    try:
+        await tool_host.prepare_tools()  # logged, not raised: the run goes on without them
+        assert tool_host.names() == []
+    finally:
+        await tool_host.aclose()
+
+
+async def test_concurrent_calls_share_one_connection(host: ToolHost) -> None:
+    one_started = time.monotonic()
+    await host.invoke(_call("up.slow", ms=100))
+    one = time.monotonic() - one_started
+    started = time.monotonic()
+    results = await asyncio.gather(*(host.invoke(_call("up.slow", ms=100)) for _ in range(20)))
+    wall = time.monotonic() - started
+    assert results == ["slept 100"] * 20
+    assert wall <= 3 * max(one, 0.1) + 0.5, (wall, one)  # slack for a loaded 2-core machine
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def http_upstream() -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def test_streamable_http_upstream(http_upstream: str) -> None:
+    registry = ToolRegistry()
+    registry.add_mcp_server("web", url=http_upstream, headers={"X-Test": "1"})
+    tool_host = ToolHost(registry)
+    try:
+        await tool_host.prepare_tools()
+        assert "web.echo" in tool_host.names()
+        assert await tool_host.invoke(_call("web.echo", text="hi")) == "hi"
+        lines: list[str] = []
+        assert await tool_host.invoke(_call("web.progress", lines, steps=2)) == "progressed"
+        assert lines == ["step 1 of 2", "step 2 of 2"]
+    finally:
+        await tool_host.aclose()
