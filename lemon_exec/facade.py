@@ -41,6 +41,7 @@ from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
 from lemon_exec.session import SessionOwner
 from lemon_exec.telemetry import Handler, Telemetry
 from lemon_exec.tools import ToolHost, ToolRegistry, default_registry
+from lemon_exec.tools._toolset import toolset
 
 T = TypeVar("T")
 
@@ -49,8 +50,9 @@ class ExecuteCode:
     """The execute_code tool.
 
     ``config`` defaults to ``ExecuteCodeConfig.load()`` (TOML-less, environment applied).
-    ``tools`` replaces the default read/grep/find/ls/webfetch implementations; ``policy``,
-    ``approval`` and ``approval_required`` are the runtime's hooks (see docs/tools.md).
+    ``tools`` is the registry scripts call: the five default helpers (or replacements) and
+    any tool the program registers beyond them, each a helper in scripts (docs/tools.md);
+    ``policy``, ``approval`` and ``approval_required`` are the runtime's hooks.
     Use as ``async with ExecuteCode(...) as tool:`` or call :meth:`aclose` when done.
     """
 
@@ -86,7 +88,8 @@ class ExecuteCode:
 
     def schema(self) -> dict[str, Any]:
         """The tool's name, generated description and JSON input schema."""
-        return tool_schema(self.config)
+        extras = toolset(self._tool_host.registry, self.config.tools)
+        return tool_schema(self.config, extras.specs)
 
     async def run(
         self,

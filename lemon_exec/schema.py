@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lemon_exec.config import ExecuteCodeConfig
+from lemon_exec.kernel.protocol import first_line, tool_signature
 
 #: The model-facing signature of each of the five helpers (protocol.HELPER_NAMES).
 _SIGNATURES = {
@@ -16,8 +18,37 @@ _SIGNATURES = {
 }
 
 
-def describe(config: ExecuteCodeConfig) -> str:
-    """A description generated from ``config``; byte-identical for identical configs."""
+def _extra_lines(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Registered tools beyond the five: top-level ones in full, servers by name only.
+
+    A server's tools cost the model nothing up front: the script discovers them with
+    tools.search() and help(tools.<server>).
+    """
+    lines: list[str] = []
+    servers: dict[str, int] = {}
+    for spec in tools:
+        name = str(spec.get("name"))
+        if "." in name:
+            server = name.split(".", 1)[0]
+            servers[server] = servers.get(server, 0) + 1
+            continue
+        summary = first_line(spec.get("doc"))
+        lines.append(f"- {tool_signature(spec)} -> str" + (f": {summary}" if summary else ""))
+    for server, count in servers.items():
+        lines.append(
+            f"- tools.{server}: {count} tools of server {server!r}; help(tools.{server}) lists "
+            f"them, call as tools.{server}.<tool>(...) (in batch(): '{server}.<tool>')."
+        )
+    lines.append(
+        "- tools.search(query) -> matching tools, one 'name(signature) — summary' line each; "
+        "help(f) shows a tool's full description."
+    )
+    return lines
+
+
+def describe(config: ExecuteCodeConfig, tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """A description generated from ``config`` and the extra tools' specs (``tools``, as
+    lemon_exec/tools/_toolset.py builds them); byte-identical for identical inputs."""
     helpers = config.enabled_helpers
     persistent = config.mode == "session"
     lines = [
@@ -26,6 +57,7 @@ def describe(config: ExecuteCodeConfig) -> str:
         "",
         "Pre-imported in the script:",
         *(f"- {_SIGNATURES[name]}" for name in helpers),
+        *(_extra_lines(tools) if tools else ()),
         "- text(s): add s to the result. Only text() blocks are the result; printed "
         "output is returned separately as diagnostics.",
         "- notify(msg): stream a short progress message while the script runs.",
@@ -74,9 +106,11 @@ def input_schema(config: ExecuteCodeConfig) -> dict[str, Any]:
     }
 
 
-def tool_schema(config: ExecuteCodeConfig) -> dict[str, Any]:
+def tool_schema(
+    config: ExecuteCodeConfig, tools: Sequence[Mapping[str, Any]] | None = None
+) -> dict[str, Any]:
     return {
         "name": "execute_code",
-        "description": describe(config),
+        "description": describe(config, tools),
         "input_schema": input_schema(config),
     }

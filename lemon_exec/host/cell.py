@@ -31,6 +31,7 @@ from lemon_exec.host.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, Outp
 from lemon_exec.kernel import protocol
 from lemon_exec.scope import AbortSignal  # public: defined where callers import it
 from lemon_exec.tools import ToolHost
+from lemon_exec.tools._toolset import ToolSet
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class CellRequest:
     on_update: Callable[[str], None] | None = None
     on_output: Callable[[str], None] | None = None  # each chunk of output, as it arrives
     argv: tuple[str, ...] | None = None
+    toolset: ToolSet | None = None  # registered tools beyond the five (code mode)
 
 
 @dataclass
@@ -177,9 +179,11 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
     capture = OutputCapture(
         request.max_output_bytes, request.spill_dir, max_spill_bytes=request.max_spill_bytes
     )
+    toolset = request.toolset
+    digest, specs = (None, None) if toolset is None else toolset.setup_for(kernel)
     bridge = HostBridge(
         tool_host=tool_host,
-        enabled_tools=request.helpers,
+        enabled_tools=request.helpers + (toolset.names if toolset is not None else ()),
         cwd=request.cwd,
         limits=request.limits,
         send_reply=kernel.send_bridge_reply,
@@ -196,10 +200,14 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
             argv=request.argv,
             cwd=str(request.cwd) if request.chdir else None,
             env=request.env,
+            tools_digest=digest,
+            tools=tuple(specs) if specs is not None else None,
         )
     )
     # A kernel that already broke the protocol (while idle) never runs another cell.
     msg_id = None if kernel.fault else kernel.execute(request.code, metadata, sink)
+    if msg_id is None and toolset is not None:
+        toolset.forget(kernel)  # the specs never reached it
     end: CellEnd = "ok"
     try:
         end = "protocol_fault" if msg_id is None else await _watch(kernel, sink, request)

@@ -41,6 +41,7 @@ from lemon_exec.scope import SessionScope
 from lemon_exec.session import SessionOwner
 from lemon_exec.telemetry import Telemetry, stop_event
 from lemon_exec.tools import ToolHost
+from lemon_exec.tools._toolset import toolset
 
 #: A spare's empty warm-up cell must finish within this many seconds.
 _WARM_CELL_TIMEOUT_S = 10.0
@@ -362,6 +363,7 @@ class Modes:
             code=script,
             deadline=deadline,
             helpers=self.config.enabled_helpers,
+            toolset=toolset(self.tool_host.registry, self.config.tools),
             limits=self.limits(),
             max_output_bytes=self.config.max_output_bytes,
             max_spill_bytes=self.config.max_spill_bytes,

@@ -1,18 +1,22 @@
-"""The functions pre-imported into every script: helpers, text(), notify(), batch().
+"""The functions pre-imported into every script: helpers, text(), notify(), batch(), tools.
 
 Each helper's keyword names are its tool's parameter names, so ``read(path=p)`` and
-``batch([("read", {"path": p})])`` make the same call. Without a lemon_exec host (the kernel
-started by a plain Jupyter front end) text() and notify() print, and helpers raise ToolError.
+``batch([("read", {"path": p})])`` make the same call. Tools the host registered beyond the
+five become helpers too (``namespace.py``): top-level names as functions, ``server.tool``
+names under ``tools.<server>``; batch() takes every one by its registered name. Without a
+lemon_exec host (the kernel started by a plain Jupyter front end) text() and notify() print,
+and helpers raise ToolError.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from lemon_exec.kernel import cells
+from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
 from lemon_exec.kernel.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD, normalize_text
 
@@ -81,8 +85,27 @@ HELPERS: dict[str, Callable[..., str]] = {
     "webfetch": webfetch,
 }
 
-#: The helpers enabled for the current cell (set by install()).
+#: The helpers enabled for the current cell, by registered name (set by install()).
 _enabled: dict[str, Callable[..., str]] = dict(HELPERS)
+
+
+class ToolSetupError(Exception):
+    """The cell setup names registered tools whose specs this kernel never received."""
+
+
+def _call_registered(tool: str, params: dict[str, Any]) -> str:
+    bridge = _bridge()
+    if bridge is None:
+        raise ToolError(NO_HOST)
+    return bridge.call(tool, params)
+
+
+#: The registered tools beyond the five, built once per digest: (digest, name -> function).
+_extras: tuple[str | None, dict[str, Callable[..., str]]] = (None, {})
+#: The ``tools`` object of the last install(), keyed by what it was built from.
+_tools_cache: tuple[tuple[Any, ...], Any] | None = None
+#: Top-level names install() put into the namespace for registered tools (removed when gone).
+_installed: dict[str, Callable[..., str]] = {}
 
 
 def text(value: object) -> None:
@@ -152,14 +175,56 @@ def _batch_target(index: int, job: object) -> Callable[[], str]:
     return run
 
 
-def install(namespace: dict[str, Any], enabled: Iterable[str] | None = None) -> None:
-    """Put ToolError, text, notify, batch and the enabled helpers into ``namespace``."""
+def install(
+    namespace: dict[str, Any],
+    enabled: Iterable[str] | None = None,
+    tools_digest: str | None = None,
+    tool_specs: Iterable[Mapping[str, Any]] | None = None,
+) -> None:
+    """Put ToolError, text, notify, batch, ``tools`` and the enabled helpers into ``namespace``.
+
+    ``tools_digest`` and ``tool_specs`` describe the registered tools beyond the five (the
+    cell setup's ``tools_digest`` / ``tools``); specs come only with a digest this kernel has
+    not seen. Raises :class:`ToolSetupError` for an unknown digest without specs.
+    """
+    global _extras, _tools_cache
     names = HELPER_NAMES if enabled is None else tuple(n for n in HELPER_NAMES if n in enabled)
+    if tools_digest is None:
+        extras: dict[str, Callable[..., str]] = {}
+    elif tool_specs is not None:
+        extras = tools_namespace.build_functions(tool_specs, _call_registered)
+        _extras = (tools_digest, extras)
+    elif _extras[0] == tools_digest:
+        extras = _extras[1]
+    else:
+        raise ToolSetupError(
+            f"the cell setup names registered tools (digest {tools_digest}) this kernel never "
+            "received"
+        )
     _enabled.clear()
     _enabled.update({n: HELPERS[n] for n in names})
-    namespace.update({"ToolError": ToolError, "text": text, "notify": notify, "batch": batch})
+    _enabled.update(extras)
+    key = (names, tools_digest)
+    if _tools_cache is None or _tools_cache[0] != key:
+        _tools_cache = (key, tools_namespace.build_namespace(_enabled))
+    namespace.update(
+        {
+            "ToolError": ToolError,
+            "text": text,
+            "notify": notify,
+            "batch": batch,
+            "tools": _tools_cache[1],
+        }
+    )
     for name in HELPER_NAMES:
         if name in _enabled:
             namespace[name] = HELPERS[name]
         elif namespace.get(name) is HELPERS[name]:
             del namespace[name]  # disabled helpers are absent, but never delete user objects
+    for name, func in list(_installed.items()):
+        if extras.get(name) is not func and namespace.get(name) is func:
+            del namespace[name]  # a registered tool gone since the last cell
+    _installed.clear()
+    for name, func in extras.items():
+        if "." not in name:
+            namespace[name] = _installed[name] = func

@@ -217,7 +217,11 @@ class LemonKernel(IPythonKernel):
             os.environ.update(setup.env)
         assert self.shell is not None
         namespace = self.shell.user_ns
-        helpers.install(namespace, setup.helpers)
+        try:
+            helpers.install(namespace, setup.helpers, setup.tools_digest, setup.tools)
+        except helpers.ToolSetupError as exc:
+            outcome = protocol.ScriptOutcome("protocol_error", 1, protocol.VERSION_ENAME, str(exc))
+            return protocol.script_reply(outcome, self.execution_count)
         bridge = CellBridge(
             # A forked child's frames never reach the host: its helpers fail fast instead.
             session=ForkGuardedSession(self.session),

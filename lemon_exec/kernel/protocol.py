@@ -245,6 +245,11 @@ class CellSetup:
     argv: tuple[str, ...] | None = None  # sys.argv while the script runs; None: untouched
     cwd: str | None = None  # chdir first (per-call claims); sessions start in their cwd
     env: Mapping[str, str] | None = None  # merged into os.environ
+    #: Digest of the enabled registered tools beyond the five (code mode); None: none.
+    tools_digest: str | None = None
+    #: Their specs, sent only when the kernel has not seen this digest yet (see
+    #: lemon_exec/tools/_toolset.py; each entry: name, doc, params).
+    tools: tuple[Mapping[str, Any], ...] | None = None
 
 
 def cell_metadata(setup: CellSetup) -> dict[str, Any]:
@@ -263,6 +268,10 @@ def cell_metadata(setup: CellSetup) -> dict[str, Any]:
         meta["cwd"] = setup.cwd
     if setup.env:
         meta["env"] = dict(setup.env)
+    if setup.tools_digest is not None:
+        meta["tools_digest"] = setup.tools_digest
+    if setup.tools is not None:
+        meta["tools"] = list(setup.tools)
     return {CELL_METADATA_KEY: meta}
 
 
@@ -271,6 +280,7 @@ def parse_cell_setup(meta: Mapping[str, Any]) -> CellSetup | str:
     if meta.get("v") != PROTOCOL_VERSION:
         return VERSION_MISMATCH.format(got=meta.get("v"))
     argv, env, helpers = meta.get("argv"), meta.get("env"), meta.get("helpers")
+    digest, tools = meta.get("tools_digest"), meta.get("tools")
     return CellSetup(
         token=str(meta["token"]),
         comm_id=str(meta["comm_id"]),
@@ -280,7 +290,39 @@ def parse_cell_setup(meta: Mapping[str, Any]) -> CellSetup | str:
         argv=tuple(str(a) for a in argv) if isinstance(argv, list) else None,
         cwd=str(meta["cwd"]) if meta.get("cwd") else None,
         env={str(k): str(v) for k, v in env.items()} if env else None,
+        tools_digest=str(digest) if digest else None,
+        tools=_tool_specs(tools),
     )
+
+
+def _tool_specs(tools: object) -> tuple[Mapping[str, Any], ...] | None:
+    if not isinstance(tools, list):
+        return None
+    return tuple(t for t in tools if isinstance(t, Mapping))
+
+
+def tool_signature(spec: Mapping[str, Any]) -> str:
+    """``name(query: str, limit: int = 5)``: a registered tool's signature, from its spec."""
+    parts = []
+    for param in spec.get("params", ()):
+        text = str(param["name"])
+        if param.get("type"):
+            text += f": {param['type']}"
+        if not param.get("required"):
+            default = (
+                param["default_repr"] if "default_repr" in param else repr(param.get("default"))
+            )
+            text += f" = {default}" if param.get("type") else f"={default}"
+        parts.append(text)
+    return f"{spec.get('name')}({', '.join(parts)})"
+
+
+def first_line(doc: object) -> str:
+    """The first non-empty line of a tool's description (what listings show)."""
+    for line in str(doc or "").splitlines():
+        if line.strip():
+            return line.strip()
+    return ""
 
 
 # -- the script's outcome in the execute_reply (kernel → host, §2) ---------------------------

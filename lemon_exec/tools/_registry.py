@@ -1,7 +1,29 @@
-"""The tool registry: which helpers exist, and how to call each one."""
+"""The tool registry: which helpers exist, and how to call each one.
+
+Names (the contract between the registry, MCP tool sources and the kernel's helpers):
+
+* A plain Python identifier (``search_issues``) is a **top-level helper**: scripts call it as
+  ``search_issues(...)``, as ``tools.search_issues(...)`` and in ``batch()`` by that name.
+* A dotted name ``"<server>.<tool>"`` (exactly one dot, both parts identifiers) is a
+  **server tool**, e.g. an MCP server's tool: scripts call it as
+  ``tools.<server>.<tool>(...)`` and in ``batch()`` as ``("<server>.<tool>", {...})``;
+  ``help(tools.<server>)`` lists the server's tools and ``tools.search(query)`` finds them.
+  Sources that register server tools make both parts identifier-safe themselves.
+* Every tool is described to the kernel by its ``parameters`` (positional order),
+  ``required``, ``param_types`` and ``defaults`` (which become the helper's real
+  ``inspect.Signature``) and its ``description`` (its docstring; its first line is what
+  ``tools.search`` shows).
+* Reserved: a top-level name or a server name may not shadow a Python builtin
+  (``print``, ``open``, ...) or a name every script has (``text``, ``notify``, ``batch``,
+  ``ToolError``, ``tools``); a server may not be named like one of the five default tools or
+  ``search``; a name cannot be both a top-level tool and a server. The five default names
+  (read, grep, find, ls, webfetch) can only be replaced (``replace=True``), and keep the
+  kernel's fixed signatures.
+"""
 
 from __future__ import annotations
 
+import builtins
 import inspect
 import keyword
 import sys
@@ -15,7 +37,17 @@ from ._types import ToolCall, ToolFunc, ToolSpec
 if TYPE_CHECKING:
     from ._mcp_source import McpServerConfig
 
-__all__ = ["ToolRegistry", "default_registry"]
+__all__ = ["RESERVED_NAMES", "ToolRegistry", "default_registry"]
+
+#: Names no registered tool (top-level) or server may take: Python's builtins and the names
+#: every script has pre-imported.
+RESERVED_NAMES: frozenset[str] = frozenset(dir(builtins)) | {
+    "text",
+    "notify",
+    "batch",
+    "ToolError",
+    "tools",
+}
 
 
 class ToolRegistry:
@@ -27,6 +59,8 @@ class ToolRegistry:
 
     def __init__(self) -> None:
         self._specs: dict[str, ToolSpec] = {}
+        #: Bumped on every change, so derived views (the kernel's tool specs) can be cached.
+        self.version = 0
 
     def register(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
         """Add ``spec``; raise ``ValueError`` if it is malformed or the name is taken.
@@ -36,7 +70,9 @@ class ToolRegistry:
         _check_spec(spec)
         if spec.name in self._specs and not replace:
             raise ValueError(f"tool {spec.name!r} is already registered (pass replace=True)")
+        _check_clash(spec.name, self._specs)
         self._specs[spec.name] = spec
+        self.version += 1
         return spec
 
     def register_function(
@@ -130,17 +166,14 @@ class ToolRegistry:
         keep = {spec.name for spec in specs}
         for old in [n for n in self._specs if n.startswith(server + ".") and n not in keep]:
             del self._specs[old]
+            self.version += 1  # the kernels' tool specs must be rebuilt
         for spec in specs:
             self.register(spec, replace=True)
 
 
 def _check_spec(spec: ToolSpec) -> None:
     """Reject specs a Python helper could not be generated from."""
-    parts = spec.name.split(".") if isinstance(spec.name, str) else [spec.name]
-    if len(parts) > 2 or not all(_is_identifier(p) for p in parts):
-        raise ValueError(
-            f"tool name must be a Python identifier or 'server.tool', got {spec.name!r}"
-        )
+    _check_name(spec.name)
     if not callable(spec.func):
         raise ValueError(f"tool {spec.name!r}: func is not callable")
     if spec.isolated:
@@ -181,6 +214,37 @@ def _check_isolated(spec: ToolSpec) -> None:
             f"tool {spec.name!r}: an isolated tool's func must be a module-level function "
             "of an importable module (the worker process imports it by name)"
         )
+
+
+def _check_name(name: object) -> None:
+    """A top-level identifier or ``server.tool``, shadowing nothing a script relies on."""
+    parts = name.split(".") if isinstance(name, str) else [name]
+    if len(parts) > 2 or not all(_is_identifier(part) for part in parts):
+        raise ValueError(
+            "tool name must be a Python identifier or 'server.tool' (two identifiers joined "
+            f"by one dot), got {name!r}"
+        )
+    first = str(parts[0])
+    if first in RESERVED_NAMES:
+        raise ValueError(
+            f"tool name {name!r}: {first!r} would shadow a Python builtin or a name scripts "
+            "rely on (text, notify, batch, ToolError, tools); choose another name"
+        )
+    if len(parts) == 2 and first in (*HELPER_NAMES, "search"):
+        raise ValueError(
+            f"tool name {name!r}: server name {first!r} is taken by a default tool or by "
+            "tools.search(); choose another server name"
+        )
+
+
+def _check_clash(name: str, specs: Mapping[str, ToolSpec]) -> None:
+    """A name is a top-level tool or a server, never both."""
+    if "." in name:
+        server = name.split(".", 1)[0]
+        if server in specs:
+            raise ValueError(f"tool {name!r}: {server!r} is already a top-level tool name")
+    elif any(other.startswith(name + ".") for other in specs):
+        raise ValueError(f"tool {name!r}: {name!r} is already a server of registered tools")
 
 
 def _not_connected(params: dict[str, Any], call: ToolCall) -> str:
