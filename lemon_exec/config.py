@@ -344,9 +344,15 @@ class ExecuteCodeConfig(Configurable):
 
     @validate("tools")
     def _check_tools(self, proposal: Any) -> list[str]:
+        # Other names can only narrow the tools the embedding program registered (code mode,
+        # docs/tools.md); which are registered is known to the facade, not here.
         unknown = [name for name in proposal["value"] if name not in HELPER_ALLOWLIST]
         if unknown:
-            logger.warning("execute_code: dropping unknown tool name(s): %s", ", ".join(unknown))
+            logger.warning(
+                "execute_code: tool name(s) %s are not built-in helpers: they are dropped "
+                "unless a registered tool or server has that name",
+                ", ".join(unknown),
+            )
         return list(proposal["value"])
 
     @validate("kernel_mode")
