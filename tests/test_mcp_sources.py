@@ -244,3 +244,129 @@ async def test_streamable_http_upstream(http_upstream: str) -> None:
         assert lines == ["step 1 of 2", "step 2 of 2"]
     finally:
         await tool_host.aclose()
+
+
+# -- scripts calling MCP tools, and the operator flag ------------------------------------------
+
+
+def _config(**overrides: object) -> object:
+    from lemon_exec import ExecuteCodeConfig
+
+    return ExecuteCodeConfig(enabled=True, warm_kernels=0, **overrides)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+async def test_a_script_calls_mcp_tools_within_budgets() -> None:
+    from lemon_exec import ExecuteCode
+    from lemon_exec.tools import default_registry
+
+    registry = default_registry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
+    updates: list[str] = []
+    script = """
+import inspect
+text(str(inspect.signature(tools.up.get_weather)))
+text(repr(tools.up.add(a=1, b=2)))
+text(tools.up.progress(steps=2))
+try:
+    tools.up.fail(message="upstream says no")
+except ToolError as exc:
+    text(f"error: {exc}")
+try:
+    tools.up.echo(text="x")
+except ToolError as exc:
+    text(f"budget: {exc}")
+"""
+    async with ExecuteCode(_config(max_rpc_calls=3), tools=registry) as tool:  # type: ignore[arg-type]
+        result = await tool.run(script, on_update=updates.append)
+    lines = result.content.splitlines()
+    assert "(city: str, unit: str = 'C') -> str" in lines, result.content
+    assert "{'sum': 3, 'inputs': [1, 2]}" in lines
+    assert "progressed" in lines
+    assert any(line.startswith("error: ") and "upstream says no" in line for line in lines)
+    assert any(line.startswith("budget: ") and "call limit exceeded" in line for line in lines)
+    assert updates == ["notify: step 1 of 2", "notify: step 2 of 2"]
+    assert result.details["rpc_calls"] == 3
+    assert result.details["rpc_tools"] == ["up.add", "up.fail", "up.progress"]
+
+
+@pytest.mark.slow
+async def test_result_bytes_budget_counts_mcp_results() -> None:
+    from lemon_exec import ExecuteCode
+    from lemon_exec.tools import default_registry
+
+    registry = default_registry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
+    script = """
+text(tools.up.echo(text="a", times=100))
+try:
+    tools.up.echo(text="b", times=100)
+except ToolError as exc:
+    text(f"refused: {exc}")
+"""
+    async with ExecuteCode(_config(max_rpc_result_bytes=150), tools=registry) as tool:  # type: ignore[arg-type]
+        result = await tool.run(script)
+    assert "a" * 100 in result.content
+    assert "refused: " in result.content and "max_rpc_result_bytes" in result.content
+    assert result.details["rpc_bytes"] == 100
+
+
+def test_mcp_config_file_is_parsed(tmp_path: Path) -> None:
+    from lemon_exec.errors import ConfigError
+    from lemon_exec.tools._mcp_config import load_mcp_servers, registry_with_mcp_servers
+
+    path = tmp_path / "mcp.json"
+    path.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "up": {"command": sys.executable, "args": [SERVER], "env": {"A": "1"}},
+                    "web-site": {"type": "http", "url": "http://127.0.0.1:9/mcp"},
+                    "off": {"command": "x", "disabled": True},
+                }
+            }
+        )
+    )
+    servers = load_mcp_servers(path)
+    assert servers["up"] == {"command": sys.executable, "args": (SERVER,), "env": {"A": "1"}}
+    assert list(servers) == ["up", "web-site"]
+    registry = registry_with_mcp_servers(path)
+    assert [s.name for s in registry.mcp_servers()] == ["up", "web_site"]
+    for bad, message in [
+        ("{", "not valid JSON"),
+        ('{"servers": {}}', "mcpServers"),
+        ('{"mcpServers": {"a": {}}}', "either"),
+        ('{"mcpServers": {"a": {"command": "x", "args": "y"}}}', "list of strings"),
+        ('{"mcpServers": {"a": {"command": "x", "bogus": 1}}}', "unknown keys"),
+    ]:
+        path.write_text(bad)
+        with pytest.raises(ConfigError, match=message):
+            load_mcp_servers(path)
+
+
+def test_run_refuses_a_bad_mcp_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from lemon_exec.cli import main
+
+    script = tmp_path / "s.py"
+    script.write_text("print(1)\n")
+    assert main(["run", "--mcp-config", str(tmp_path / "missing.json"), str(script)]) == 2
+    assert "--mcp-config" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+async def test_lemon_exec_mcp_with_mcp_config(tmp_path: Path) -> None:
+    from mcp import Client, StdioServerParameters
+
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps({"mcpServers": {"up": {"command": sys.executable, "args": [SERVER]}}})
+    )
+    argv = [sys.executable, "-m", "lemon_exec", "mcp", "--mcp-config", str(config)]
+    env = {**os.environ, "LEMON_EXECUTE_CODE_WARM_KERNELS": "0"}
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(tmp_path))
+    async with Client(params) as client:
+        result = await client.call_tool(
+            "execute_code", {"script": "text(str(tools.up.add(a=20, b=22)['sum']))"}
+        )
+    assert not result.is_error, result
+    assert "42" in result.content[0].text  # type: ignore[union-attr]

@@ -91,6 +91,13 @@ def register(subparsers: Any) -> None:
         default=None,
         help="TOML file with a [runtime.tools.execute_code] table",
     )
+    parser.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        default=None,
+        help='JSON file {"mcpServers": {...}} (the standard MCP client format): each '
+        "server's tools become helpers in execute_code scripts, tools.<server>.<tool>(...)",
+    )
     parser.set_defaults(func=mcp_command)
 
 
@@ -143,7 +150,22 @@ def mcp_command(args: argparse.Namespace) -> int:
         _error(str(exc))
         return EXIT_USAGE
 
-    server = build_server(config, only_shell=args.only == "shell")
+    facade_factory = None
+    if args.mcp_config is not None:
+        from lemon_exec.facade import ExecuteCode
+        from lemon_exec.tools._mcp_config import load_mcp_servers, registry_with_mcp_servers
+
+        mcp_config = args.mcp_config
+        try:
+            load_mcp_servers(mcp_config)  # a bad file is a usage error now, not at first use
+        except LemonExecError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
+
+        def facade_factory(cfg: ExecuteCodeConfig) -> ExecuteCode:
+            return ExecuteCode(cfg, tools=registry_with_mcp_servers(mcp_config))
+
+    server = build_server(config, only_shell=args.only == "shell", facade_factory=facade_factory)
     if address is None:
         return run_stdio(server)
     try:

@@ -34,6 +34,7 @@ from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import ScriptSource
+from lemon_exec.tools import ToolRegistry
 
 __all__ = ["register", "run_command"]
 
@@ -66,6 +67,13 @@ def register(subparsers: Any) -> None:
         ),
     )
     parser.add_argument("file", metavar="FILE", help="the script to run, or - to read stdin")
+    parser.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        default=None,
+        help='JSON file {"mcpServers": {...}}: each server\'s tools become helpers in the '
+        "script, tools.<server>.<tool>(...)",
+    )
     parser.add_argument(
         "script_args",
         nargs="*",
@@ -108,6 +116,15 @@ def run_command(args: argparse.Namespace) -> int:
     except LemonExecError as exc:
         _error(str(exc))
         return EXIT_USAGE
+    registry = None
+    if args.mcp_config is not None:
+        from lemon_exec.tools._mcp_config import registry_with_mcp_servers
+
+        try:
+            registry = registry_with_mcp_servers(args.mcp_config)
+        except LemonExecError as exc:
+            _error(str(exc))
+            return EXIT_USAGE
     # One run cannot use a spare or a fork-server template: starting either would only cost
     # a second Python process (measured: ~2x the CPU of the whole command) for nothing.
     config.warm_kernels = 0
@@ -129,7 +146,7 @@ def run_command(args: argparse.Namespace) -> int:
     live = None if args.as_json else LiveOutput(sys.stdout)
 
     try:
-        result, signum = asyncio.run(_run(script, config, timeout_ms, source, live))
+        result, signum = asyncio.run(_run(script, config, timeout_ms, source, live, registry))
     except LemonExecError as exc:  # e.g. the private staging directory could not be made
         _error(str(exc))
         return EXIT_USAGE
@@ -166,6 +183,7 @@ async def _run(
     timeout_ms: int | None,
     source: _SourceName,
     live: LiveOutput | None,
+    registry: ToolRegistry | None = None,
 ) -> tuple[ExecuteCodeResult, signal.Signals | None]:
     """Run ``script``; Ctrl-C or SIGTERM aborts the run. Returns the result and the signal."""
     loop = asyncio.get_running_loop()
@@ -186,7 +204,7 @@ async def _run(
             loop.add_signal_handler(signum, on_signal, signum)
             installed.append(signum)
     try:
-        async with ExecuteCode(config) as tool:
+        async with ExecuteCode(config, tools=registry) as tool:
             # The spill file a result names outlives the tool (24 h; see host/staging.py).
             result = await tool.run(
                 script,
