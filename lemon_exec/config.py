@@ -40,6 +40,7 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_SANDBOX_HIDDEN",
     "ENV_PREFIX",
     "HELPER_ALLOWLIST",
     "MAX_WARM_KERNELS",
@@ -62,6 +63,25 @@ ENV_PREFIX = "LEMON_EXECUTE_CODE_"
 
 #: The shortest wall-clock limit a run gets, whatever a call or the config asks for.
 MIN_TIMEOUT_MS = 1000
+
+#: What a sandboxed kernel cannot see by default: the usual credential stores.
+DEFAULT_SANDBOX_HIDDEN: tuple[str, ...] = (
+    "~/.ssh",
+    "~/.aws",
+    "~/.gnupg",
+    "~/.netrc",
+    "~/.docker",
+    "~/.kube",
+    "~/.config/gcloud",
+    "~/.azure",
+    "~/.git-credentials",
+    "~/.pypirc",
+    # Sockets that would lead out of the sandbox: agents, D-Bus (systemd-run), Docker.
+    "/run/user",
+    "/run/dbus",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+)
 
 #: Most warm spares a host keeps (each is a running interpreter); larger values are clamped.
 MAX_WARM_KERNELS = 8
@@ -89,6 +109,32 @@ def _coerce_mode(raw: Any) -> Any:
         logger.warning("execute_code: kernel_mode %r is not 'session'; using per_call", raw)
         return "per_call"
     return raw
+
+
+def _coerce_sandbox(raw: Any) -> Any:
+    # "none" and the false words mean no sandbox. Any other string is kept as given: an
+    # unknown sandbox is refused when a kernel starts, never run unsandboxed.
+    if isinstance(raw, bool):
+        return "none" if raw is False else _INVALID
+    if not isinstance(raw, str):
+        return _INVALID
+    word = raw.strip().lower()
+    return "none" if word in ("", "none") or word in _FALSE_WORDS else word
+
+
+def _coerce_cwd_mode(raw: Any) -> Any:
+    word = raw.strip().lower() if isinstance(raw, str) else None
+    return word if word in ("rw", "ro") else _INVALID
+
+
+def _coerce_paths(raw: Any) -> Any:
+    if isinstance(raw, str):
+        items: list[Any] = raw.split(",")
+    elif isinstance(raw, (list, tuple)):
+        items = list(raw)
+    else:
+        return _INVALID
+    return [os.fspath(i).strip() for i in items if isinstance(i, (str, os.PathLike))]
 
 
 def _coerce_bool(raw: Any) -> Any:
@@ -339,6 +385,35 @@ class ExecuteCodeConfig(Configurable):
         help="Most open file descriptors per kernel process (RLIMIT_NOFILE). 0: unlimited "
         "(the inherited limit).",
     ).tag(config=True, convert=_coerce_int, clamp=_NON_NEGATIVE)
+
+    sandbox = _Str(
+        "none",
+        help='"bwrap" runs every kernel under bubblewrap (read-only filesystem, hidden '
+        "credential stores and staging root, no network, own PID namespace; see "
+        'docs/sandbox.md). "none" (default): kernels have the host user\'s authority. A '
+        "sandbox that cannot start is refused, never replaced by an unsandboxed run.",
+    ).tag(config=True, convert=_coerce_sandbox)
+
+    sandbox_cwd = _Str(
+        "rw",
+        help='Under the sandbox, whether the working directory is writable ("rw", default) '
+        'or read-only ("ro").',
+    ).tag(config=True, convert=_coerce_cwd_mode)
+
+    sandbox_hidden = _List(
+        Unicode(),
+        default_value=list(DEFAULT_SANDBOX_HIDDEN),
+        help="Paths a sandboxed kernel cannot see (an empty directory or file in their "
+        "place); ~ is the host's HOME. Default: the common credential stores and the agent, "
+        "D-Bus and Docker sockets. The staging "
+        "root is always hidden apart from the kernel's own runtime directory.",
+    ).tag(config=True, convert=_coerce_paths)
+
+    sandbox_network = _Bool(
+        False,
+        help="Under the sandbox, whether kernels keep the host's network. Off (default): "
+        "only their own loopback; services on the host's loopback are unreachable.",
+    ).tag(config=True, convert=_coerce_bool)
 
     # --- checks beyond conversion and clamping; they run for every assignment ----------------
 

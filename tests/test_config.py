@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec.config import (
+    DEFAULT_SANDBOX_HIDDEN,
     ENV_PREFIX,
     HELPER_ALLOWLIST,
     MAX_WARM_KERNELS,
@@ -44,6 +45,10 @@ DEFAULTS = {
     "kernel_memory_mb": 0,
     "kernel_max_processes": 0,
     "kernel_max_open_files": 0,
+    "sandbox": "none",
+    "sandbox_cwd": "rw",
+    "sandbox_hidden": list(DEFAULT_SANDBOX_HIDDEN),
+    "sandbox_network": False,
 }
 
 
@@ -95,8 +100,9 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
     # the spec's 13, warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
-    # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files
-    assert len(keys) == 21
+    # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files,
+    # sandbox, sandbox_cwd, sandbox_hidden, sandbox_network
+    assert len(keys) == 25
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -194,6 +200,10 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_KERNEL_MEMORY_MB": "23",
         "LEMON_EXECUTE_CODE_KERNEL_MAX_PROCESSES": "24",
         "LEMON_EXECUTE_CODE_KERNEL_MAX_OPEN_FILES": "25",
+        "LEMON_EXECUTE_CODE_SANDBOX": "BWrap",
+        "LEMON_EXECUTE_CODE_SANDBOX_CWD": "ro",
+        "LEMON_EXECUTE_CODE_SANDBOX_HIDDEN": "~/.ssh, /srv/secrets",
+        "LEMON_EXECUTE_CODE_SANDBOX_NETWORK": "on",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -217,6 +227,10 @@ def test_every_env_variable_is_read() -> None:
         "kernel_memory_mb": 23,
         "kernel_max_processes": 24,
         "kernel_max_open_files": 25,
+        "sandbox": "bwrap",
+        "sandbox_cwd": "ro",
+        "sandbox_hidden": ["~/.ssh", "/srv/secrets"],
+        "sandbox_network": True,
     }
 
 

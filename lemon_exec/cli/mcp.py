@@ -92,6 +92,13 @@ def register(subparsers: Any) -> None:
         help="TOML file with a [runtime.tools.execute_code] table",
     )
     parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help='run kernels under bubblewrap (sandbox = "bwrap"; see docs/sandbox.md): no '
+        "network, read-only filesystem, hidden credential stores; refused when bwrap "
+        "is missing",
+    )
+    parser.add_argument(
         "--mcp-config",
         metavar="FILE",
         default=None,
@@ -145,7 +152,9 @@ def mcp_command(args: argparse.Namespace) -> int:
             _error(f"{source}: {exc}")
             return EXIT_USAGE
     try:
-        config = ExecuteCodeConfig.load(args.config, default_enabled=True)
+        config = ExecuteCodeConfig.load(
+            args.config, default_enabled=True, sandbox="bwrap" if args.sandbox else None
+        )
     except LemonExecError as exc:
         _error(str(exc))
         return EXIT_USAGE

@@ -95,6 +95,13 @@ def register(subparsers: Any) -> None:
         help="TOML file with a [runtime.tools.execute_code] table",
     )
     parser.add_argument(
+        "--sandbox",
+        action="store_true",
+        help='run kernels under bubblewrap (sandbox = "bwrap"; see docs/sandbox.md): no '
+        "network, read-only filesystem, hidden credential stores; refused when bwrap "
+        "is missing",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         dest="as_json",
@@ -112,7 +119,9 @@ def run_command(args: argparse.Namespace) -> int:
         _error(f"script {_display_name(args.file)} is empty; nothing to run")
         return EXIT_USAGE
     try:
-        config = ExecuteCodeConfig.load(args.config, default_enabled=True)
+        config = ExecuteCodeConfig.load(
+            args.config, default_enabled=True, sandbox="bwrap" if args.sandbox else None
+        )
     except LemonExecError as exc:
         _error(str(exc))
         return EXIT_USAGE

@@ -27,6 +27,7 @@ from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.limits import LimitSpec
 from lemon_exec.host.local_backend import LocalBackend
 from lemon_exec.host.reaper import SpillReaper
+from lemon_exec.host.sandbox import spec_from_config
 from lemon_exec.host.staging import StagingRoot, check_socket_room
 from lemon_exec.host.staging import staging_base as staging_dir
 from lemon_exec.kernel.protocol import MANAGED_ENV
@@ -65,6 +66,7 @@ class Engine:
             limits=LimitSpec(
                 config.kernel_memory_mb, config.kernel_max_processes, config.kernel_max_open_files
             ),
+            sandbox=spec_from_config(config),
         )
         self._closed = False  # no new kernels
         self._finished = False  # aclose ran

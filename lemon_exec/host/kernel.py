@@ -45,6 +45,7 @@ from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.limits import KernelCgroup
 from lemon_exec.host.output import format_size
+from lemon_exec.host.tree_removal import remove_tree
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 
@@ -74,8 +75,11 @@ class ManagedKernel:
         log_path: Path,
         iopub: zmq.asyncio.Socket,
         iopub_path: Path,
+        sandbox_dir: Path | None = None,
     ) -> None:
         self.kernel_id = kernel_id
+        #: A sandboxed kernel's own runtime directory (the only part of it the kernel sees).
+        self._sandbox_dir = sandbox_dir
         self.interpreter = interpreter
         self.started_at = time.monotonic()
         self._km = km
@@ -115,22 +119,35 @@ class ManagedKernel:
         env: dict[str, str] | None = None,
         fork_server_id: str = "",
         timeout: float = STARTUP_TIMEOUT_S,
+        sandbox: Callable[[Path], list[str]] | None = None,
     ) -> ManagedKernel:
-        """Start a kernel and wait until it is ready; never leaves a process behind on failure."""
+        """Start a kernel and wait until it is ready; never leaves a process behind on failure.
+
+        ``sandbox`` maps the kernel's own runtime directory to the argv prefix that confines
+        it (see :mod:`lemon_exec.host.sandbox`). A sandboxed kernel's sockets and connection
+        file live in that directory, the only part of the runtime directory it can see.
+        """
         kernel_id = secrets.token_hex(8)
+        sandbox_dir: Path | None = None
+        sockets = runtime_dir
+        prefix: list[str] = []
+        if sandbox is not None:
+            sandbox_dir = sockets = runtime_dir / kernel_id
+            prefix = sandbox(sandbox_dir)  # may refuse: before anything exists
+            sandbox_dir.mkdir(mode=0o700)
         # The host reads IOPub on a private channel the kernel binds (see kernel/app.py).
-        iopub_path = runtime_dir / f"k-{kernel_id}-ipc-host"
+        iopub_path = sockets / f"k-{kernel_id}-ipc-host"
         env = {**(env or {}), protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}"}
         spec_manager = LemonKernelSpecManager(
-            interpreter=interpreter, env=env, fork_server_id=fork_server_id
+            interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
         )
         km = PrivateKernelManager(
             context=shared_context(),
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=spec_manager,
             transport="ipc",
-            ip=str(runtime_dir / f"k-{kernel_id}-ipc"),
-            connection_file=str(runtime_dir / f"kernel-{kernel_id}.json"),
+            ip=str(sockets / f"k-{kernel_id}-ipc"),
+            connection_file=str(sockets / f"kernel-{kernel_id}.json"),
         )
         log_path = runtime_dir / f"kernel-{kernel_id}.log"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
@@ -165,6 +182,7 @@ class ManagedKernel:
                 log_path=log_path,
                 iopub=iopub,
                 iopub_path=iopub_path,
+                sandbox_dir=sandbox_dir,
             )
             kernel._start_readers()
             await kernel._wait_ready(time.monotonic() + timeout)
@@ -177,6 +195,7 @@ class ManagedKernel:
                     iopub.close(linger=0)
                 await _kill_manager(km)
                 _unlink(iopub_path)
+                _remove_dir(sandbox_dir)
             _unlink(log_path)
             raise
         finally:
@@ -234,6 +253,7 @@ class ManagedKernel:
         await _kill_manager(self._km)
         _unlink(self._log_path)
         _unlink(self._iopub_path)
+        _remove_dir(self._sandbox_dir)
 
     def kill_sync(self) -> None:
         """SIGKILL the process group and remove files without awaiting (exit-time cleanup)."""
@@ -251,6 +271,7 @@ class ManagedKernel:
         self._unpublish()
         for path in (Path(self.connection_file), self._log_path, self._iopub_path):
             _unlink(path)
+        _remove_dir(self._sandbox_dir)
         self._close_monitors()
 
     @property
@@ -510,6 +531,13 @@ async def _kill_manager(km: AsyncKernelManager) -> None:
             await km.shutdown_kernel(now=True)
     with contextlib.suppress(Exception):
         await km.cleanup_resources()
+
+
+def _remove_dir(path: Path | None) -> None:
+    """Remove a sandboxed kernel's runtime directory (bounded: the script could write there)."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            remove_tree(path)
 
 
 def _unlink(path: Path) -> None:

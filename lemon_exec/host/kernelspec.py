@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
-from traitlets import Dict, Unicode
+from traitlets import Dict, List, Unicode
 
 KERNEL_NAME = "lemon-python"
 DISPLAY_NAME = "Python 3 (lemon_exec)"
@@ -59,6 +59,10 @@ class LemonKernelSpecManager(KernelSpecManager):
     fork_server_id = Unicode(
         "", help="Id of a ForkServer to launch through (empty: a plain Popen launch)."
     )
+    argv_prefix = List(
+        Unicode(),
+        help="Words run before the interpreter: the sandbox launcher (see host/sandbox.py).",
+    )
 
     def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
         if kernel_name != KERNEL_NAME:
@@ -66,6 +70,7 @@ class LemonKernelSpecManager(KernelSpecManager):
         if not self.interpreter:
             raise NoSuchKernel(kernel_name)
         spec = kernel_json(self.interpreter)
+        spec["argv"] = [*self.argv_prefix, *spec["argv"]]
         spec["env"] = dict(self.env)
         spec["metadata"] = self._metadata()
         return KernelSpec(**spec)

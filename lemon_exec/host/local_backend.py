@@ -5,6 +5,10 @@ with their connection files in the host's private runtime directory. Once an
 interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s), kernels
 are forked from it instead of started cold; until then they start the ordinary way, so the
 fork server never delays a start.
+
+Under a sandbox (:mod:`lemon_exec.host.sandbox`) every kernel is its own bubblewrap
+sandbox, started cold (a shared template would share one sandbox, and with it every
+kernel's sockets); the warm spares keep that start off a call's path.
 """
 
 from __future__ import annotations
@@ -15,9 +19,11 @@ import os
 import signal
 import time
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from lemon_exec.host import cell as cells
+from lemon_exec.host import sandbox as sandboxes
 from lemon_exec.host.backend import KernelHandle
 from lemon_exec.host.forkserver import ForkServer
 from lemon_exec.host.kernel import ManagedKernel
@@ -46,12 +52,14 @@ class LocalBackend:
         fork_server: bool,
         spawn: Spawn,
         limits: LimitSpec | None = None,
+        sandbox: sandboxes.SandboxSpec | None = None,
     ) -> None:
         self._staging = staging
         #: Resource limits of every kernel (lemon_exec.host.limits); each kernel's cgroup.
         self._limiter = Limiter(limits or LimitSpec())
         self._cgroups: dict[KernelHandle, KernelCgroup | None] = {}
-        self._use_fork_server = fork_server
+        self._sandbox = sandbox if sandbox is not None and sandbox.enabled else None
+        self._use_fork_server = fork_server and self._sandbox is None
         self._spawn = spawn  # background work the engine waits for on close
         self._forkservers: dict[str, ForkServer] = {}
         #: The startup variables (see _startup_env) each fork server was started with.
@@ -63,6 +71,7 @@ class LocalBackend:
     async def start(
         self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
     ) -> ManagedKernel:
+        prefix = self._sandbox_prefix(cwd)  # RefusedError: a sandbox that cannot start
         server = self._fork_server(interpreter, env)
         group = self._limiter.prepare()  # LimitsUnavailable: a limit nothing here enforces
         try:
@@ -73,6 +82,7 @@ class LocalBackend:
                 env=env,
                 fork_server_id=server.server_id if server is not None and server.ready else "",
                 timeout=timeout,
+                sandbox=prefix,
             )
         except BaseException:
             self._limiter.release(group)
@@ -86,6 +96,34 @@ class LocalBackend:
         kernel.cgroup = group
         self._cgroups[kernel] = group
         return kernel
+
+    def _sandbox_prefix(self, cwd: str) -> Callable[[Path], list[str]] | None:
+        """The sandbox launcher for a kernel starting in ``cwd`` (None: no sandbox).
+
+        Raises ``RefusedError`` naming the fix when the sandbox cannot start.
+        """
+        spec = self._sandbox
+        if spec is None:
+            return None
+        bwrap = sandboxes.require(spec)
+        # Per-call kernels start in the staging root (hidden inside): their view's working
+        # directory is the host's, where a per-call run's cwd normally is.
+        view = Path(cwd)
+        if view == self._staging.work_dir:
+            view = Path.cwd()
+        staging = self._staging
+
+        def prefix(kernel_dir: Path) -> list[str]:
+            return sandboxes.kernel_argv_prefix(
+                spec,
+                bwrap=bwrap,
+                cwd=view,
+                kernel_dir=kernel_dir,
+                staging_root=staging.path,
+                pypath=staging.path / "pypath",
+            )
+
+        return prefix
 
     async def interrupt(self, kernel: KernelHandle) -> None:
         kernel.interrupted_at = time.monotonic()

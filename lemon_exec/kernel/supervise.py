@@ -38,6 +38,9 @@ _KILL_TREE_TIMEOUT_S = 2.0
 _TERM_GRACE_S = 0.3
 _POLL_PARENT_S = 0.2
 _LINUX = sys.platform.startswith("linux")
+#: Set in a kernel's environment by the sandbox (lemon_exec.host.sandbox): its launcher
+#: ignored SIGINT (bwrap would die of the host's interrupts), so the kernel restores it.
+SANDBOX_ENV = "LEMON_EXEC_SANDBOXED"
 
 
 def _prctl(option: int, arg: int) -> bool:
@@ -223,6 +226,10 @@ def supervise_kernel(connection_file: str | None, parent: int | None = None) -> 
     """
     if not _LINUX:
         return
+    if os.environ.get(SANDBOX_ENV):
+        # Inside the sandbox's PID namespace our parent is its init, which bwrap kills (and
+        # with it the namespace) when the host dies: that parent is the one to watch.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     become_subreaper()
     signal.signal(signal.SIGTERM, _on_sigterm)
     watch_parent(lambda: _parent_died(connection_file), parent)

@@ -1,0 +1,169 @@
+"""The kernel sandbox: bubblewrap around each kernel, so helpers are a script's only way out.
+
+With ``sandbox = "bwrap"`` every kernel is started as ``sh -c 'trap "" INT; exec bwrap ...'
+python -m lemon_exec.kernel -f FILE`` (see :func:`kernel_argv_prefix`). Inside it sees:
+
+- the whole filesystem read-only, with a private ``/tmp`` (and ``$TMPDIR``), its working
+  directory writable (``sandbox_cwd = "rw"``) or read-only, a fresh ``/dev`` and ``/proc``;
+- nothing of ``sandbox_hidden`` (credential stores: an empty directory or file in their
+  place) and nothing of the host's staging root but its own runtime directory (its sockets
+  and connection file) and the read-only directory that puts ``lemon_exec`` on its path;
+- its own PID namespace (host processes cannot be seen or signalled; when the kernel ends,
+  the namespace and every daemon in it end), its own IPC namespace, and, unless
+  ``sandbox_network``, its own network namespace with only a loopback of its own;
+- ``--die-with-parent``: it dies with the host.
+
+The helpers (read, grep, webfetch, registered tools) run on the host, under policy and
+approval, over the kernel's own Jupyter channels: they keep working inside.
+
+``bwrap`` dies of SIGINT, and the host interrupts a kernel by signalling its process group;
+so the launcher ignores SIGINT before it execs bwrap (an ignored signal stays ignored across
+exec) and the kernel, told by :data:`SANDBOX_ENV`, restores its own handler.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lemon_exec.errors import RefusedError
+from lemon_exec.kernel.supervise import SANDBOX_ENV
+
+if TYPE_CHECKING:
+    from lemon_exec.config import ExecuteCodeConfig
+
+#: The sandbox kinds there are (besides "none").
+KINDS = ("bwrap",)
+_INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+    'bubblewrap) or set sandbox = "none" (LEMON_EXECUTE_CODE_SANDBOX=none)'
+)
+#: bwrap's own smoke test may take this long on a loaded machine.
+_PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a sandboxed kernel may see and reach (from the config's sandbox_* settings)."""
+
+    kind: str = "none"
+    cwd_writable: bool = True
+    hidden: tuple[str, ...] = ()
+    network: bool = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.kind != "none"
+
+
+def spec_from_config(config: ExecuteCodeConfig) -> SandboxSpec:
+    """The sandbox the config asks for (checked when a kernel starts, by :func:`require`)."""
+    return SandboxSpec(
+        kind=config.sandbox,
+        cwd_writable=config.sandbox_cwd != "ro",
+        hidden=tuple(config.sandbox_hidden),
+        network=config.sandbox_network,
+    )
+
+
+def require(spec: SandboxSpec) -> str:
+    """The path of a working ``bwrap`` for ``spec``; ``RefusedError`` naming the fix otherwise.
+
+    An unknown kind is refused too: a typo must never mean an unsandboxed run.
+    """
+    if spec.kind not in KINDS:
+        raise RefusedError(
+            f"execute_code: unknown sandbox {spec.kind!r}; set sandbox (or "
+            f"LEMON_EXECUTE_CODE_SANDBOX) to one of 'none', {', '.join(map(repr, KINDS))}; "
+            "nothing ran"
+        )
+    path, problem = _probe()
+    if problem:
+        raise RefusedError(
+            f'execute_code: sandbox = "bwrap" was requested but {problem}; {_INSTALL_HINT}; '
+            "nothing ran"
+        )
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _probe() -> tuple[str, str]:
+    """(bwrap's path, "") when it can build our namespaces, else ("", what went wrong)."""
+    path = shutil.which("bwrap")
+    if path is None:
+        return "", "bwrap (bubblewrap) is not installed (not found on PATH)"
+    probe = [path, "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    probe += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--die-with-parent", "true"]
+    try:
+        done = subprocess.run(
+            probe, capture_output=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "", f"{path} could not be run ({exc})"
+    if done.returncode != 0:
+        detail = done.stderr.decode(errors="replace").strip().splitlines()
+        return "", f"{path} cannot create a sandbox here ({detail[-1] if detail else 'no output'})"
+    return path, ""
+
+
+def kernel_argv_prefix(
+    spec: SandboxSpec,
+    *,
+    bwrap: str,
+    cwd: Path,
+    kernel_dir: Path,
+    staging_root: Path,
+    pypath: Path,
+) -> list[str]:
+    """The argv that runs a kernel's ``python -m lemon_exec.kernel ...`` inside the sandbox.
+
+    ``kernel_dir`` is the kernel's own runtime directory (bound writable: its sockets);
+    ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only).
+    """
+    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    # $TMPDIR (where staging roots live) is private too, every other host's root with it.
+    for private in _distinct([Path(os.environ.get("TMPDIR") or "/tmp"), staging_root.parent]):
+        if not _under(private, Path("/tmp")) and private.is_dir():
+            args += ["--tmpfs", str(private)]
+    args += ["--bind" if spec.cwd_writable else "--ro-bind", str(cwd), str(cwd)]
+    # Hidden after the cwd, so that a cwd containing them (e.g. HOME) never uncovers them.
+    args += ["--tmpfs", str(staging_root)]
+    for hidden in _hidden_paths(spec.hidden):
+        if hidden.is_dir():
+            args += ["--tmpfs", str(hidden)]
+        else:
+            args += ["--ro-bind", "/dev/null", str(hidden)]
+    args += ["--bind", str(kernel_dir), str(kernel_dir)]
+    args += ["--ro-bind", str(pypath), str(pypath)]
+    args += ["--chdir", str(cwd)]
+    args += ["--unshare-pid", "--unshare-ipc", "--die-with-parent"]
+    if not spec.network:
+        args += ["--unshare-net"]
+    # jupyter_client names the host here; its PID means nothing in the new namespace.
+    args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
+    # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
+    return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "lemon-sandbox", bwrap, *args, "--"]
+
+
+def _hidden_paths(paths: tuple[str, ...]) -> list[Path]:
+    """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates."""
+    found: list[Path] = []
+    for raw in paths:
+        path = Path(os.path.expanduser(raw))
+        if not path.is_absolute() or not os.path.lexists(path):
+            continue
+        found.append(Path(os.path.realpath(path)))
+    return _distinct(found)
+
+
+def _distinct(paths: list[Path]) -> list[Path]:
+    return list(dict.fromkeys(paths))
+
+
+def _under(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents

@@ -1,0 +1,306 @@
+"""sandbox = "bwrap": escape attempts from real kernels under bubblewrap, each one blocked.
+
+Every escape test here succeeds against an unsandboxed kernel (the script has the host
+user's authority there): run the module with ``LEMON_TEST_SANDBOX=none`` to watch them fail.
+The helpers, which run on the host, must keep working from inside.
+
+bubblewrap must be installed (``.ci/run`` installs it); a missing bwrap fails these tests.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host import sandbox as sandboxes
+
+pytestmark = pytest.mark.timeout(90)
+
+#: "none" shows that every escape test fails without the sandbox.
+SANDBOX = os.environ.get("LEMON_TEST_SANDBOX", "bwrap")
+SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted-for-the-sandbox-test"
+
+
+def make_config(**overrides: Any) -> ExecuteCodeConfig:
+    values: dict[str, Any] = {
+        "enabled": True,
+        "timeout_ms": 30_000,
+        "warm_kernels": 1,
+        "python_path": sys.executable,
+        "sandbox": SANDBOX,
+    }
+    values.update(overrides)
+    return ExecuteCodeConfig(**values)
+
+
+class World:
+    """A temporary HOME with a planted key, a project directory (the cwd) and a facade."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.home = root / "home"
+        (self.home / ".ssh").mkdir(parents=True)
+        (self.home / ".ssh" / "id_rsa").write_text(SECRET)
+        (self.home / ".netrc").write_text("machine example.com password " + SECRET)
+        self.project = root / "project"
+        self.project.mkdir()
+        (self.project / "notes.txt").write_text("project notes\n")
+        self.private = root / "private"  # hidden from the kernel, readable by the helpers
+        self.private.mkdir()
+        (self.private / "data.txt").write_text("only through the helpers\n")
+        hidden = [*ExecuteCodeConfig().sandbox_hidden, str(self.private)]
+        self.tool = ExecuteCode(make_config(sandbox_hidden=hidden))
+
+    def run(self, script: str) -> str:
+        result = self.tool.run_sync(script)
+        assert result.details.get("exit_code") == 0, result.content
+        return result.content
+
+
+@pytest.fixture(scope="module")
+def world() -> Iterator[World]:
+    root = Path(tempfile.mkdtemp(prefix="lsb-", dir="/var/tmp"))  # outside /tmp and the cwd
+    saved_home, saved_cwd = os.environ.get("HOME"), os.getcwd()
+    os.environ["HOME"] = str(root / "home")
+    made: World | None = None
+    try:
+        made = World(root)
+        os.chdir(made.project)  # per-call kernels' view: the host's working directory
+        yield made
+    finally:
+        if made is not None:
+            made.tool.close()
+        os.chdir(saved_cwd)
+        if saved_home is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = saved_home
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def attempt(action: str) -> str:
+    """A script that prints OK:<result> or BLOCKED:<exception type> for ``action``."""
+    return (
+        "try:\n"
+        f"    print('OK:', {action})\n"
+        "except Exception as exc:\n"
+        "    print('BLOCKED:', type(exc).__name__, exc)\n"
+    )
+
+
+def test_planted_ssh_key_is_hidden(world: World) -> None:
+    out = world.run(
+        attempt("open(os.path.expanduser('~/.ssh/id_rsa')).read()").replace(
+            "try:", "import os\ntry:", 1
+        )
+    )
+    assert SECRET not in out
+    assert "BLOCKED: FileNotFoundError" in out
+    out = world.run(
+        attempt("open(os.path.expanduser('~/.netrc')).read()").replace("try:", "import os\ntry:", 1)
+    )
+    assert SECRET not in out
+
+
+def test_writes_land_only_in_the_cwd_and_private_tmp(world: World) -> None:
+    outside = world.root / "outside.txt"
+    out = world.run(attempt(f"open({str(outside)!r}, 'w').write('escaped')"))
+    assert "BLOCKED" in out, out
+    assert not outside.exists()
+    # The working directory is writable (sandbox_cwd = "rw"), /tmp is private.
+    marker = f"lsb-{uuid.uuid4().hex}"
+    out = world.run(
+        f"open('made-inside.txt', 'w').write('hi')\nopen('/tmp/{marker}', 'w').write('x')\n"
+        "print('wrote')"
+    )
+    assert (world.project / "made-inside.txt").read_text() == "hi"
+    assert not Path("/tmp", marker).exists()
+
+
+def test_host_loopback_service_is_unreachable(world: World) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[object] = []
+
+    def serve() -> None:
+        server.settimeout(15)
+        try:
+            conn, _ = server.accept()
+            accepted.append(conn)
+            conn.close()
+        except OSError:
+            pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        script = "import socket\n" + attempt(
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=5).close()"
+        )
+        out = world.run(script)
+        assert "BLOCKED" in out, out
+        assert accepted == []
+    finally:
+        server.close()
+        thread.join(5)
+
+
+def test_host_pid_cannot_be_signalled_or_seen(world: World) -> None:
+    host = os.getpid()
+    out = world.run("import os\n" + attempt(f"os.kill({host}, 0)"))
+    assert "BLOCKED: ProcessLookupError" in out, out
+    out = world.run(
+        "import os\nprint('SEEN' if os.path.exists('/proc/%d' % " + f"{host}) else 'NOT')"
+    )
+    assert "NOT" in out
+
+
+def test_another_kernels_connection_file_is_unreadable(world: World) -> None:
+    other = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
+    try:
+        other.run_sync("x = 1", scope=SessionScope("lsb-other"))
+        engine = other._engine
+        assert engine is not None
+        files = [k.connection_file for k in engine._live]  # type: ignore[attr-defined]
+        assert files and all(Path(f).exists() for f in files)
+        for path in files:
+            out = world.run(attempt(f"open({path!r}).read()"))
+            assert "BLOCKED" in out and '"key"' not in out, out
+        # Nor the runtime directory of this facade's own spare kernel.
+        mine = world.tool._engine
+        assert mine is not None
+        listing = world.run(
+            "import os\n" + attempt(f"os.listdir({str(mine.staging.runtime_dir)!r})")
+        )
+        # Its own runtime directory (named by its id) is all it sees of the staging root.
+        assert "OK:" in listing and "kernel-" not in listing, listing
+    finally:
+        other.close()
+
+
+def _processes_with(token: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            argv = Path("/proc", entry, "cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in argv:
+            found.append(int(entry))
+    return found
+
+
+def test_setsid_daemon_does_not_outlive_the_call(world: World) -> None:
+    token = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    out = world.run(
+        "import subprocess\n"
+        f"p = subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
+        "print('started', p.pid)\n"
+    )
+    assert "started" in out
+    deadline = time.monotonic() + 5.0
+    while _processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = _processes_with(token)
+    for pid in left:
+        subprocess.run(["kill", "-9", str(pid)], check=False)
+    assert left == []
+
+
+def test_helpers_still_reach_the_host(world: World) -> None:
+    hidden = world.private / "data.txt"
+    out = world.run(
+        attempt(f"open({str(hidden)!r}).read()")
+        + f"print('HELPER:', read({str(hidden)!r}))\n"
+        + "print('LS:', ls('.'))\n"
+    )
+    assert "BLOCKED: FileNotFoundError" in out, out
+    assert "HELPER:" in out and "only through the helpers" in out, out
+    assert "notes.txt" in out
+
+
+def test_interrupt_and_timeout_still_work(world: World) -> None:
+    result = world.tool.run_sync(
+        "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_ms=1500
+    )
+    assert result.details.get("timed_out") is True, result.details
+    # The next call runs normally in a fresh sandboxed kernel.
+    assert "2" in world.run("print(1 + 1)")
+
+
+def test_session_mode_read_only_cwd(world: World, tmp_path: Path) -> None:
+    project = Path(tempfile.mkdtemp(prefix="lsb-ro-", dir="/var/tmp"))
+    (project / "in.txt").write_text("readable")
+    tool = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0, sandbox_cwd="ro"))
+    try:
+        scope = SessionScope("lsb-ro", cwd=str(project))
+        first = tool.run_sync("print(open('in.txt').read())\nx = 41", scope=scope)
+        assert "readable" in first.content, first.content
+        second = tool.run_sync(
+            attempt("open('out.txt', 'w').write('no')") + "print(x + 1)", scope=scope
+        )
+        assert "BLOCKED" in second.content and "42" in second.content, second.content
+        assert not (project / "out.txt").exists()
+    finally:
+        tool.close()
+        shutil.rmtree(project, ignore_errors=True)
+
+
+def test_a_sandbox_that_cannot_start_is_refused(
+    monkeypatch: pytest.MonkeyPatch, world: World
+) -> None:
+    sandboxes._probe.cache_clear()
+    monkeypatch.setenv("PATH", str(world.root))  # no bwrap on PATH
+    try:
+        tool = ExecuteCode(make_config(sandbox="bwrap", warm_kernels=0))
+        try:
+            result = tool.run_sync("print('RAN' + 'MARK')")
+        finally:
+            tool.close()
+    finally:
+        monkeypatch.undo()
+        sandboxes._probe.cache_clear()
+    assert "RANMARK" not in result.content
+    assert "bubblewrap" in result.content and "apt-get install bubblewrap" in result.content
+
+
+def test_an_unknown_sandbox_is_refused(world: World) -> None:
+    tool = ExecuteCode(make_config(sandbox="bwarp", warm_kernels=0))
+    try:
+        result = tool.run_sync("print('RAN' + 'MARK')")
+    finally:
+        tool.close()
+    assert "RANMARK" not in result.content
+    assert "unknown sandbox 'bwarp'" in result.content
+
+
+def test_cli_run_sandbox_flag(world: World) -> None:
+    script = world.project / "peek.py"
+    script.write_text("import os\n" + attempt("open(os.path.expanduser('~/.ssh/id_rsa')).read()"))
+    env = {**os.environ, "HOME": str(world.home)}
+    env.pop("LEMON_EXECUTE_CODE_SANDBOX", None)
+    command = [sys.executable, "-m", "lemon_exec", "run"]
+    sandboxed = subprocess.run(
+        [*command, "--sandbox", str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert "BLOCKED: FileNotFoundError" in sandboxed.stdout, sandboxed
+    plain = subprocess.run(
+        [*command, str(script)], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert SECRET in plain.stdout, plain  # the flag is what hides it
+    script.unlink()
