@@ -51,6 +51,8 @@ FIGURES: dict[str, tuple[str, str]] = {
     "helper_rtt_p50_ms": ("ms", "helpers"),
     "batch_100_ms": ("ms", "helpers"),
     "text_mb_per_s": ("MiB/s", "helpers"),
+    "mcp_helper_overhead_ms": ("ms", "mcp"),  # issue 14
+    "mcp_batch20_ratio": ("x", "mcp"),
     "flood_host_rss_growth_mb": ("MiB", "flood"),
     "idle_kernel_rss_mb": ("MiB", "idle"),
     "sessions16_cells_per_s": ("cells/s", "sessions16"),
@@ -63,6 +65,8 @@ TARGETS: dict[str, tuple[str, float]] = {
     "cold_start_p50_ms": ("<=", 350.0),
     "session_ratio": ("<=", 1.3),
     "helper_rtt_p50_ms": ("<=", 1.5),
+    "mcp_helper_overhead_ms": ("<=", 1.0),  # issue 14
+    "mcp_batch20_ratio": ("<=", 3.0),
     "flood_host_rss_growth_mb": ("<=", 64.0),
     "idle_kernel_rss_mb": ("<=", 60.0),
 }
@@ -73,6 +77,7 @@ GROUPS: tuple[str, ...] = (
     "cold",
     "session",
     "helpers",
+    "mcp",
     "flood",
     "idle",
     "sessions16",
@@ -908,6 +913,63 @@ async def bench_helpers(ctx: Context) -> None:
     report.context("text_block_bytes", block_bytes)
 
 
+#: The upstream MCP server of the test suite (stdio; tools echo and slow).
+MCP_UPSTREAM = Path(__file__).resolve().parents[1] / "tests" / "mcp_upstream" / "server.py"
+
+MCP_RTT_SCRIPT = """\
+import json, time
+for _ in range(20):
+    tools.up.echo(text="x")
+samples = []
+for _ in range({calls}):
+    t0 = time.perf_counter()
+    tools.up.echo(text="x")
+    samples.append((time.perf_counter() - t0) * 1000)
+t0 = time.perf_counter()
+tools.up.slow(ms=100)
+one = time.perf_counter() - t0
+t0 = time.perf_counter()
+assert len(batch([("up.slow", {{"ms": 100}})] * 20)) == 20
+twenty = time.perf_counter() - t0
+text({marker!r} + json.dumps({{"rtt": samples, "one": one, "twenty": twenty}}))
+"""
+
+
+async def bench_mcp(ctx: Context) -> None:
+    """mcp_helper_overhead_ms: a script's call of an upstream stdio MCP tool minus the same
+    call through a plain MCP client (p50 each); mcp_batch20_ratio: batch() of 20 calls of a
+    tool that sleeps 100 ms, over one such call."""
+    from mcp import Client, StdioServerParameters
+
+    from lemon_exec.tools import default_registry
+
+    calls = ctx.plan.helper_calls
+    params = StdioServerParameters(command=sys.executable, args=[str(MCP_UPSTREAM)])
+    direct: list[float] = []
+    async with Client(params) as client:
+        for _ in range(20):
+            await client.call_tool("echo", {"text": "x"})
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            await client.call_tool("echo", {"text": "x"})
+            direct.append((time.perf_counter() - t0) * 1000)
+    registry = default_registry()
+    registry.add_mcp_server("up", command=sys.executable, args=[str(MCP_UPSTREAM)])
+    config = lemon_config(
+        kernel_mode="session", warm_kernels=0, max_parallel_rpc=20, max_rpc_calls=1_000_000
+    )
+    async with ExecuteCode(config, tools=registry) as ec:
+        _, result = await timed_run(
+            ec, MCP_RTT_SCRIPT.format(calls=calls, marker=RESULT_MARKER), ctx.scope("bench-mcp")
+        )
+    data = script_json(result)
+    via_script = statistics.median(data["rtt"])
+    ctx.report.figure("mcp_helper_overhead_ms", via_script - statistics.median(direct), data["rtt"])
+    ctx.report.figure("mcp_batch20_ratio", data["twenty"] / data["one"])
+    ctx.report.context("mcp_direct_p50_ms", statistics.median(direct))
+    ctx.report.context("mcp_script_p50_ms", via_script)
+
+
 async def bench_flood(ctx: Context) -> None:
     """flood_host_rss_growth_mb, measured in a fresh host process (a clean RSS baseline)."""
     plan, report = ctx.plan, ctx.report
@@ -1043,6 +1105,7 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "cold": bench_cold,
     "session": bench_session,
     "helpers": bench_helpers,
+    "mcp": bench_mcp,
     "flood": bench_flood,
     "idle": bench_idle,
     "sessions16": bench_sessions16,
