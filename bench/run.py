@@ -56,6 +56,8 @@ FIGURES: dict[str, tuple[str, str]] = {
     "flood_host_rss_growth_mb": ("MiB", "flood"),
     "idle_kernel_rss_mb": ("MiB", "idle"),
     "sessions16_cells_per_s": ("cells/s", "sessions16"),
+    "sandboxed_per_call_p50_ms": ("ms", "sandbox"),
+    "sandbox_ratio": ("x", "sandbox"),
 }
 
 #: Issue 5's targets: figure -> (comparison, limit).
@@ -69,6 +71,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "mcp_batch20_ratio": ("<=", 3.0),
     "flood_host_rss_growth_mb": ("<=", 64.0),
     "idle_kernel_rss_mb": ("<=", 60.0),
+    "sandbox_ratio": ("<=", 1.5),  # issue 15
 }
 
 GROUPS: tuple[str, ...] = (
@@ -81,6 +84,7 @@ GROUPS: tuple[str, ...] = (
     "flood",
     "idle",
     "sessions16",
+    "sandbox",
 )
 
 TRIVIAL_SCRIPT = "print(1)\n"
@@ -691,6 +695,48 @@ async def bench_per_call(ctx: Context) -> None:
         report.context("per_call_ratio_vs_direct", lemon_p50 / direct_p50)
 
 
+async def bench_sandbox(ctx: Context) -> None:
+    """sandboxed_per_call_p50_ms and sandbox_ratio: per-call under bwrap against without.
+
+    Two facades with the default pool (one warm spare), one call per ``per_call_spacing_s``
+    alternating between them (which goes first alternates too), each measured once its own
+    pool is quiet. A lemon_exec without the ``sandbox`` setting, or a machine where the
+    sandbox cannot start, records an error for both figures instead of numbers.
+    """
+    plan, report = ctx.plan, ctx.report
+    if not has_setting("sandbox"):
+        raise RuntimeError("this lemon_exec has no sandbox setting (issue 15)")
+    # The bench's own working directory, not ctx.workdir: that is under /tmp, which a
+    # sandboxed kernel does not see (it gets a private /tmp).
+    scope = SessionScope("bench-sandbox", "bench", os.getcwd())
+    plain_ms: list[float] = []
+    boxed_ms: list[float] = []
+    sources: dict[str, dict[str, int]] = {"plain": {}, "sandboxed": {}}
+    async with (
+        ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as plain,
+        ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1, sandbox="bwrap")) as boxed,
+    ):
+        for ec in (plain, boxed):  # the first call fills the pool (and starts a fork server)
+            await timed_run(ec, TRIVIAL_SCRIPT, scope)
+        await asyncio.sleep(plan.settle_s)
+        start = time.monotonic()
+        for i in range(plan.per_call_pairs):
+            await _sleep_until(start + i * plan.per_call_spacing_s)
+            runs = ((plain, plain_ms, "plain"), (boxed, boxed_ms, "sandboxed"))
+            for ec, samples, name in runs if i % 2 == 0 else reversed(runs):
+                await wait_quiet(ec, 1, plan.per_call_spacing_s * 0.4)
+                elapsed, result = await timed_run(ec, TRIVIAL_SCRIPT, scope)
+                samples.append(elapsed)
+                source = str(result.details.get("kernel_source"))
+                sources[name][source] = sources[name].get(source, 0) + 1
+    boxed_p50 = statistics.median(boxed_ms)
+    plain_p50 = statistics.median(plain_ms)
+    report.figure("sandboxed_per_call_p50_ms", boxed_p50, boxed_ms)
+    report.figure("sandbox_ratio", boxed_p50 / plain_p50)
+    report.context("sandbox_unsandboxed_per_call_p50_ms", plain_p50)
+    report.context("sandbox_kernel_sources", sources)
+
+
 async def bench_sustained(ctx: Context) -> None:
     """per_call_sustained_per_s: back-to-back per-call runs (default pool of one spare)."""
     plan, report = ctx.plan, ctx.report
@@ -1109,6 +1155,7 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "flood": bench_flood,
     "idle": bench_idle,
     "sessions16": bench_sessions16,
+    "sandbox": bench_sandbox,
 }
 
 
