@@ -108,6 +108,8 @@ class McpSource:
         """The live client, (re)connecting first if there is none or the server died."""
         if self._closed:
             raise ToolFailure(f"MCP server {self.config.name!r}: the tool host is closed")
+        if self._alive():  # the hot path: no lock
+            return self._client
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
