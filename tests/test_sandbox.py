@@ -9,8 +9,10 @@ bubblewrap must be installed (``.ci/run`` installs it); a missing bwrap fails th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +28,7 @@ import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host import sandbox as sandboxes
+from lemon_exec.kernel import supervise
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -62,7 +65,9 @@ class World:
         self.private.mkdir()
         (self.private / "data.txt").write_text("only through the helpers\n")
         hidden = [*ExecuteCodeConfig().sandbox_hidden, str(self.private)]
-        self.tool = ExecuteCode(make_config(sandbox_hidden=hidden))
+        # fork_server off: what the unsandboxed control runs like (sandboxed kernels start
+        # cold either way).
+        self.tool = ExecuteCode(make_config(sandbox_hidden=hidden, fork_server=False))
 
     def run(self, script: str) -> str:
         result = self.tool.run_sync(script)
@@ -205,21 +210,87 @@ def _processes_with(token: str) -> list[int]:
     return found
 
 
-def test_setsid_daemon_does_not_outlive_the_call(world: World) -> None:
-    token = f"{uuid.uuid4().int % 10**6 + 10**6}"
-    out = world.run(
-        "import subprocess\n"
-        f"p = subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
-        "print('started', p.pid)\n"
-    )
-    assert "started" in out
-    deadline = time.monotonic() + 5.0
+def _wait_gone(token: str, within: float = 5.0) -> list[int]:
+    """The processes whose command line holds ``token`` ``within`` seconds from now (killed)."""
+    deadline = time.monotonic() + within
     while _processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.05)
     left = _processes_with(token)
     for pid in left:
-        subprocess.run(["kill", "-9", str(pid)], check=False)
-    assert left == []
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+@pytest.mark.parametrize("ending", ["returns", "kernel_killed"])
+def test_setsid_daemon_does_not_outlive_the_call(world: World, ending: str) -> None:
+    # Unsandboxed, a kernel that dies of SIGKILL (here: its own script kills it) leaves its
+    # setsid daemon to init when no fork-server template adopts it; in the sandbox the
+    # daemon dies with the kernel's PID namespace either way.
+    token = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    script = (
+        "import os, subprocess\n"
+        f"p = subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
+        "print('started', flush=True)\n"
+    )
+    if ending == "kernel_killed":
+        script += "os.kill(os.getpid(), 9)\n"
+    result = world.tool.run_sync(script)
+    assert "started" in result.content, result.content
+    assert _wait_gone(token) == []
+
+
+HOST = """
+import sys
+from pathlib import Path
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
+tool = ExecuteCode(ExecuteCodeConfig(
+    enabled=True, warm_kernels=0, python_path=sys.executable, sandbox=sys.argv[1],
+    fork_server=False, timeout_ms=600_000,
+))
+tool.run_sync(Path(sys.argv[2]).read_text())
+"""
+
+
+@pytest.mark.slow
+def test_killed_host_takes_its_sandboxes_along(world: World) -> None:
+    token = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    ready = world.project / f"ready-{token}"
+    script = world.project / f"daemon-{token}.py"
+    script.write_text(
+        "import subprocess, time\n"
+        f"subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(1000)\n"
+    )
+    host = subprocess.Popen([sys.executable, "-c", HOST, SANDBOX, str(script)], cwd=world.project)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists() and time.monotonic() < deadline:
+            assert host.poll() is None, "the host exited early"
+            time.sleep(0.05)
+        assert ready.exists()
+        below = supervise.descendants(host.pid)  # bwrap, its init, the kernel, the daemon
+        assert len(below) >= 3 if SANDBOX == "bwrap" else below
+        host.kill()
+        host.wait(10)
+        assert _wait_gone(token, within=3.0) == []
+        assert not [pid for pid in below if _running(pid)]
+    finally:
+        with contextlib.suppress(OSError):
+            host.kill()
+        host.wait(10)
+        _wait_gone(token, within=0)
+        ready.unlink(missing_ok=True)
+        script.unlink(missing_ok=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
 
 
 def test_helpers_still_reach_the_host(world: World) -> None:
