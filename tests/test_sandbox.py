@@ -237,6 +237,8 @@ def test_setsid_daemon_does_not_outlive_the_call(world: World, ending: str) -> N
         script += "os.kill(os.getpid(), 9)\n"
     result = world.tool.run_sync(script)
     assert "started" in result.content, result.content
+    if ending == "kernel_killed":  # reported as killed by SIGKILL, as without the sandbox
+        assert result.details.get("exit_code") == -9, result.details
     assert _wait_gone(token) == []
 
 

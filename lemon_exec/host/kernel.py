@@ -302,7 +302,11 @@ class ManagedKernel:
     async def exit_status(self) -> int | None:
         """The process's exit status once it has ended (negative: killed by that signal)."""
         provisioner = self._km.provisioner
-        return None if provisioner is None else await provisioner.poll()
+        status = None if provisioner is None else await provisioner.poll()
+        if self._sandbox_dir is not None and status is not None and 128 < status <= 128 + 64:
+            # bwrap reports a kernel killed by signal N as exit status 128 + N.
+            return -(status - 128)
+        return status
 
     async def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the kernel's process group (the script's children included)."""
