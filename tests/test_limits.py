@@ -171,3 +171,20 @@ def test_settings_default_to_unlimited_and_read_the_environment() -> None:
     assert config.kernel_memory_mb == 512
     assert config.kernel_max_processes == 0  # clamped: 0 is unlimited
     assert config.kernel_max_open_files == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "facade",
+    [{"sandbox": "bwrap", "kernel_memory_mb": 256, "kernel_max_processes": 30}],
+    indirect=True,
+)
+def test_limits_apply_inside_the_sandbox(facade: ExecuteCode) -> None:
+    # bwrap's pid is the kernel's ancestor: its whole tree goes into the cgroup from the host.
+    placed = facade.run_sync("print(open('/proc/self/cgroup').read())")
+    assert f"lemon-{os.getpid()}/k-" in placed.content, placed.content
+    result = facade.run_sync("data = b'x' * 2**31")
+    assert result.content.startswith("Script killed: memory limit (256 MB) exceeded."), (
+        result.content
+    )
+    assert result.details.get("memory_limit_exceeded") is True
