@@ -352,3 +352,27 @@ def test_tool_failure_message_reaches_the_script(ec: ExecuteCode, scope: Session
         "    out = [str(e)]",
     )
     assert out == ["search_issues() argument 'limit' must be int, not str"]
+
+
+def test_kernel_install_refuses_an_unknown_digest_and_removes_gone_tools() -> None:
+    """Kernel-side logic, in process: specs come once per digest; gone tools leave."""
+    from lemon_exec.kernel import helpers
+
+    spec = {"name": "lookup", "doc": "Look up.", "params": [{"name": "key", "required": True}]}
+    namespace: dict[str, Any] = {"mine": 1}
+    try:
+        helpers.install(namespace, None, "d1", [spec])
+        assert "lookup" in namespace and "lookup" in dir(namespace["tools"])
+        helpers.install(namespace, None, "d1", None)  # the same digest: no specs needed
+        assert "lookup" in namespace
+        with pytest.raises(helpers.ToolSetupError, match="never received"):
+            helpers.install(namespace, None, "d2", None)
+        helpers.install(namespace, ("read",), None, None)
+        assert "lookup" not in namespace and "grep" not in namespace
+        assert namespace["mine"] == 1 and namespace["tools"].search("") == [
+            "read(path: str, offset: int | None = None, limit: int | None = None) — "
+            "Return the text of a file; ``offset`` is a 1-based start line, ``limit`` a line "
+            "count."
+        ]
+    finally:
+        helpers.install({}, None)  # leave the module as a fresh kernel has it
