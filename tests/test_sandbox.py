@@ -10,6 +10,7 @@ bubblewrap must be installed (``.ci/run`` installs it); a missing bwrap fails th
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -377,3 +378,47 @@ def test_cli_run_sandbox_flag(world: World) -> None:
     )
     assert SECRET in plain.stdout, plain  # the flag is what hides it
     script.unlink()
+
+
+def test_mcp_server_sandbox_flag(world: World) -> None:
+    env = {**os.environ, "HOME": str(world.home)}
+    env.pop("LEMON_EXECUTE_CODE_SANDBOX", None)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "lemon_exec", "mcp", "--sandbox"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        cwd=world.project,
+        env=env,
+        text=True,
+    )
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(message) + "\n")
+        server.stdin.flush()
+
+    try:
+        send({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                       "clientInfo": {"name": "test", "version": "0"}},
+        })  # fmt: skip
+        assert json.loads(server.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        script = "import os\n" + attempt("open(os.path.expanduser('~/.ssh/id_rsa')).read()")
+        send({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "execute_code", "arguments": {"script": script}},
+        })  # fmt: skip
+        while (reply := json.loads(server.stdout.readline())).get("id") != 2:
+            pass
+        text = json.dumps(reply)
+        assert "BLOCKED: FileNotFoundError" in text and SECRET not in text, text
+    finally:
+        server.stdin.close()
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
