@@ -330,9 +330,38 @@ def test_session_mode_read_only_cwd(world: World, tmp_path: Path) -> None:
         )
         assert "BLOCKED" in second.content and "42" in second.content, second.content
         assert not (project / "out.txt").exists()
+        # An abort interrupts the cell: SIGINT reaches the kernel through bwrap (which
+        # ignores it) as a KeyboardInterrupt the script sees.
+        abort = threading.Event()
+        timer = threading.Timer(1.0, abort.set)
+        timer.start()
+        third = tool.run_sync(
+            "import time\nprint('waiting', flush=True)\ntry:\n    time.sleep(60)\n"
+            "except KeyboardInterrupt:\n    print('KBI', flush=True)\n    raise\n",
+            scope=scope,
+            abort=abort,
+        )
+        timer.cancel()
+        assert "KBI" in third.content, third.content
+        assert "3" in tool.run_sync("print(1 + 2)", scope=scope).content
     finally:
         tool.close()
         shutil.rmtree(project, ignore_errors=True)
+
+
+def test_sandbox_network_true_keeps_the_hosts_network(world: World) -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    tool = ExecuteCode(make_config(warm_kernels=0, sandbox_network=True))
+    try:
+        script = "import socket\n" + attempt(
+            f"socket.create_connection(('127.0.0.1', {port}), timeout=5).close()"
+        )
+        out = tool.run_sync(script).content
+        assert "OK:" in out, out
+    finally:
+        tool.close()
+        server.close()
 
 
 def test_a_sandbox_that_cannot_start_is_refused(
