@@ -154,7 +154,10 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it exited between the two looks (ENOENT or ESRCH)
+        return False
     return stat[0] != "Z"
 
 
@@ -182,6 +185,23 @@ async def test_crash_restart_and_close() -> None:
     finally:
         await tool_host.aclose()
     assert await _gone(second), "closing the host must end the stdio server"
+
+
+async def test_a_server_killed_while_idle_is_restarted_by_the_next_call() -> None:
+    import signal
+
+    tool_host = ToolHost(_registry())
+    try:
+        await tool_host.prepare_tools()
+        first = int(json.loads(await tool_host.invoke(_call("up.pid"))))
+        os.kill(first, signal.SIGKILL)
+        assert await _gone(first)
+        await asyncio.sleep(0.2)  # the client's reader sees the end of the pipe
+        second = int(json.loads(await tool_host.invoke(_call("up.pid"))))
+        assert second != first
+    finally:
+        await tool_host.aclose()
+    assert await _gone(second)
 
 
 async def test_a_server_that_cannot_start_is_reported(tmp_path: Path) -> None:
