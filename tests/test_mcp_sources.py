@@ -204,6 +204,20 @@ async def test_a_server_killed_while_idle_is_restarted_by_the_next_call() -> Non
     assert await _gone(second)
 
 
+async def test_stdio_server_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEMON_TEST_HOST_SECRET", "s3cret")
+    registry = ToolRegistry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER], env={"GIVEN": "yes"})
+    tool_host = ToolHost(registry)
+    try:
+        await tool_host.prepare_tools()
+        env = json.loads(await tool_host.invoke(_call("up.environ")))
+    finally:
+        await tool_host.aclose()
+    assert env.get("GIVEN") == "yes" and "PATH" in env
+    assert "LEMON_TEST_HOST_SECRET" not in env
+
+
 async def test_a_server_that_cannot_start_is_reported(tmp_path: Path) -> None:
     registry = ToolRegistry()
     registry.add_mcp_server("bad", command=str(tmp_path / "no-such-program"))

@@ -259,11 +259,11 @@ def _progress_callback(notify: Callable[[str], None]) -> Any:
 async def _target(config: McpServerConfig, stack: contextlib.AsyncExitStack) -> Any:
     """What ``mcp.Client`` connects to: stdio parameters or an HTTP transport."""
     if config.command is not None:
-        import os
-
         from mcp import StdioServerParameters
 
-        env = None if config.env is None else {**os.environ, **config.env}
+        # The SDK merges env over a minimal inherited environment (HOME, PATH, ...), as MCP
+        # clients do: the host's other variables (its keys and tokens) stay out of the server.
+        env = None if config.env is None else dict(config.env)
         return StdioServerParameters(
             command=config.command, args=list(config.args), env=env, cwd=config.cwd
         )

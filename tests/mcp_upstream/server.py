@@ -51,6 +51,11 @@ def pid() -> int:
     return os.getpid()
 
 
+@server.tool(description="The server's environment variables.")
+def environ() -> dict[str, str]:
+    return dict(os.environ)
+
+
 @server.tool(description="Kill this server process.")
 def crash() -> str:
     os._exit(3)
