@@ -451,3 +451,68 @@ def test_mcp_server_sandbox_flag(world: World) -> None:
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _argv(cwd: Path, staging_root: Path, writable: bool = True) -> list[str]:
+    spec = sandboxes.SandboxSpec(kind="bwrap", cwd_writable=writable)
+    return sandboxes.kernel_argv_prefix(
+        spec,
+        bwrap="bwrap",
+        cwd=cwd,
+        kernel_dir=staging_root / "runtime" / "k",
+        staging_root=staging_root,
+        pypath=staging_root / "pypath",
+    )
+
+
+def _mounts(argv: list[str]) -> list[tuple[str, str]]:
+    """(option, target) of each mount in a bwrap argv, in order."""
+    found = []
+    for i, word in enumerate(argv):
+        if word in ("--bind", "--ro-bind"):
+            found.append((word, argv[i + 2]))
+        elif word in ("--tmpfs", "--dev", "--proc"):
+            found.append((word, argv[i + 1]))
+    return found
+
+
+def test_a_writable_root_cwd_is_refused() -> None:
+    with pytest.raises(Exception, match="working directory is /"):
+        _argv(Path("/"), Path("/tmp/lemon-exec-x"))
+    mounts = _mounts(_argv(Path("/"), Path("/tmp/lemon-exec-x"), writable=False))
+    assert ("--bind", "/") not in mounts and mounts[0] == ("--ro-bind", "/")
+
+
+def test_a_cwd_above_tmpdir_never_uncovers_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cwd outside /tmp that contains $TMPDIR: bound first, so that the masks cover it.
+    cwd = Path(tempfile.mkdtemp(prefix="lsb-", dir="/var/tmp"))
+    try:
+        base = cwd / "base"
+        (base / "lemon-exec-mine").mkdir(parents=True)
+        monkeypatch.setenv("TMPDIR", str(base))
+        mounts = _mounts(_argv(cwd, base / "lemon-exec-mine"))
+        cwd_at = mounts.index(("--bind", str(cwd)))
+        for later in (("--dev", "/dev"), ("--proc", "/proc"), ("--tmpfs", str(base))):
+            assert mounts.index(later) > cwd_at, (later, mounts)
+        assert mounts.index(("--tmpfs", str(base / "lemon-exec-mine"))) > cwd_at
+    finally:
+        shutil.rmtree(cwd, ignore_errors=True)
+
+
+def test_a_cwd_that_is_tmpdir_sees_no_other_hosts_root(
+    world: World, short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TMPDIR", str(short_tmp))
+    other = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0, sandbox="none"))
+    tool = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
+    try:
+        other.run_sync("x = 1", scope=SessionScope("lsb-peer"))
+        assert other._engine is not None
+        files = [k.connection_file for k in other._engine._live]  # type: ignore[attr-defined]
+        assert files and Path(files[0]).exists()
+        scope = SessionScope("lsb-tmpdir", cwd=str(short_tmp))
+        out = tool.run_sync(attempt(f"open({files[0]!r}).read()"), scope=scope).content
+        assert "BLOCKED" in out and '"key"' not in out, out
+    finally:
+        tool.close()
+        other.close()

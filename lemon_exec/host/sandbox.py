@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.errors import RefusedError
 from lemon_exec.kernel.supervise import SANDBOX_ENV
 
@@ -125,12 +126,38 @@ def kernel_argv_prefix(
     ``kernel_dir`` is the kernel's own runtime directory (bound writable: its sockets);
     ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only).
     """
-    args = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-    # $TMPDIR (where staging roots live) is private too, every other host's root with it.
-    for private in _distinct([Path(os.environ.get("TMPDIR") or "/tmp"), staging_root.parent]):
-        if not _under(private, Path("/tmp")) and private.is_dir():
-            args += ["--tmpfs", str(private)]
-    args += ["--bind" if spec.cwd_writable else "--ro-bind", str(cwd), str(cwd)]
+    cwd = Path(os.path.realpath(cwd))
+    if cwd == Path("/") and spec.cwd_writable:
+        raise RefusedError(
+            'execute_code: sandbox = "bwrap" with a writable working directory, but the '
+            "working directory is /, which would make the whole filesystem writable; run from "
+            'a project directory (or a scope with its cwd), or set sandbox_cwd = "ro"; '
+            "nothing ran"
+        )
+    # /tmp and $TMPDIR (where staging roots live) are private: every host's root is hidden.
+    masks = [Path("/tmp")]
+    for private in (Path(os.environ.get("TMPDIR") or "/tmp"), staging_root.parent):
+        private = Path(os.path.realpath(private))
+        if private.is_dir() and not any(_under(private, m) for m in masks):
+            masks.append(private)
+    bind_cwd = [] if cwd == Path("/") else ["--bind" if spec.cwd_writable else "--ro-bind"]
+    bind_cwd += [str(cwd), str(cwd)] if bind_cwd else []
+    inside_mask = any(_under(cwd, m) for m in masks)
+    args = ["--ro-bind", "/", "/"]
+    # A cwd that contains the special mounts is bound first, so that they cover it; one
+    # inside a mask is bound after the mask, and what the cwd then uncovers is masked again.
+    args += [] if inside_mask else bind_cwd
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for mask in masks:
+        args += ["--tmpfs", str(mask)]
+    if inside_mask:
+        args += bind_cwd
+        for mask in masks:
+            if mask != cwd and _under(mask, cwd):
+                args += ["--tmpfs", str(mask)]
+        if _under(staging_root.parent, cwd):  # the cwd is $TMPDIR or above: other roots
+            for root in _other_roots(staging_root):
+                args += ["--tmpfs", str(root)]
     # Hidden after the cwd, so that a cwd containing them (e.g. HOME) never uncovers them.
     args += ["--tmpfs", str(staging_root)]
     for hidden in _hidden_paths(spec.hidden):
@@ -148,6 +175,19 @@ def kernel_argv_prefix(
     args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
     # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
     return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "lemon-sandbox", bwrap, *args, "--"]
+
+
+def _other_roots(staging_root: Path) -> list[Path]:
+    """Other hosts' staging roots next to ours (those that exist now)."""
+    try:
+        names = os.listdir(staging_root.parent)
+    except OSError:
+        return []
+    return [
+        staging_root.parent / name
+        for name in sorted(names)
+        if name.startswith(STAGING_ROOT_PREFIX) and name != staging_root.name
+    ]
 
 
 def _hidden_paths(paths: tuple[str, ...]) -> list[Path]:
