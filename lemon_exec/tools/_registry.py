@@ -61,6 +61,8 @@ class ToolRegistry:
         self._specs: dict[str, ToolSpec] = {}
         #: Bumped on every change, so derived views (the kernel's tool specs) can be cached.
         self.version = 0
+        #: MCP servers (add_mcp_server) whose tools a tool host lists on first need.
+        self._mcp_servers: dict[str, McpServerConfig] = {}
 
     def register(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
         """Add ``spec``; raise ``ValueError`` if it is malformed or the name is taken.
@@ -139,7 +141,7 @@ class ToolRegistry:
         from ._mcp_source import McpServerConfig, identifier
 
         server = identifier(name)
-        servers: dict[str, McpServerConfig] = self.__dict__.setdefault("_mcp_servers", {})
+        servers = self._mcp_servers
         if server in servers:
             raise ValueError(f"MCP server {server!r} is already added")
         if server in self._specs or any(n.startswith(server + ".") for n in self._specs):
@@ -159,7 +161,7 @@ class ToolRegistry:
 
     def mcp_servers(self) -> list[McpServerConfig]:
         """The MCP servers added with :meth:`add_mcp_server`, in order."""
-        return list(self.__dict__.get("_mcp_servers", {}).values())
+        return list(self._mcp_servers.values())
 
     def set_server_tools(self, server: str, specs: Sequence[ToolSpec]) -> None:
         """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others."""
