@@ -516,3 +516,24 @@ def test_a_cwd_that_is_tmpdir_sees_no_other_hosts_root(
     finally:
         tool.close()
         other.close()
+
+
+def test_the_longest_allowed_tmpdir_still_fits_the_sandboxed_sockets(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lemon_exec.host.staging import MAX_SOCKET_BASE_BYTES
+
+    parent = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
+    try:
+        longest = parent / ("d" * (MAX_SOCKET_BASE_BYTES - len(str(parent)) - 1))
+        longest.mkdir()
+        assert len(str(longest)) == MAX_SOCKET_BASE_BYTES
+        monkeypatch.setenv("TMPDIR", str(longest))
+        tool = ExecuteCode(make_config(warm_kernels=0))
+        try:
+            result = tool.run_sync("print(6 * 7)")
+        finally:
+            tool.close()
+        assert "42" in result.content, result.content
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)

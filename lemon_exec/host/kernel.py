@@ -129,14 +129,18 @@ class ManagedKernel:
         """
         kernel_id = secrets.token_hex(8)
         sandbox_dir: Path | None = None
-        sockets = runtime_dir
+        socket_base = runtime_dir / f"k-{kernel_id}-ipc"
+        connection_file = runtime_dir / f"kernel-{kernel_id}.json"
         prefix: list[str] = []
         if sandbox is not None:
-            sandbox_dir = sockets = runtime_dir / kernel_id
+            sandbox_dir = runtime_dir / kernel_id
             prefix = sandbox(sandbox_dir)  # may refuse: before anything exists
             sandbox_dir.mkdir(mode=0o700)
+            # Shorter than the unsandboxed names, so check_socket_room's bound still holds.
+            socket_base = sandbox_dir / "ipc"
+            connection_file = sandbox_dir / f"kernel-{kernel_id}.json"
         # The host reads IOPub on a private channel the kernel binds (see kernel/app.py).
-        iopub_path = sockets / f"k-{kernel_id}-ipc-host"
+        iopub_path = Path(f"{socket_base}-host")
         env = {**(env or {}), protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}"}
         spec_manager = LemonKernelSpecManager(
             interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
@@ -146,8 +150,8 @@ class ManagedKernel:
             kernel_name=KERNEL_NAME,
             kernel_spec_manager=spec_manager,
             transport="ipc",
-            ip=str(sockets / f"k-{kernel_id}-ipc"),
-            connection_file=str(sockets / f"kernel-{kernel_id}.json"),
+            ip=str(socket_base),
+            connection_file=str(connection_file),
         )
         log_path = runtime_dir / f"kernel-{kernel_id}.log"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
