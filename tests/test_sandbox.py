@@ -229,15 +229,17 @@ def test_setsid_daemon_does_not_outlive_the_call(world: World, ending: str) -> N
     # setsid daemon to init when no fork-server template adopts it; in the sandbox the
     # daemon dies with the kernel's PID namespace either way.
     token = f"{uuid.uuid4().int % 10**6 + 10**6}"
+    marker = world.project / f"started-{token}"
     script = (
         "import os, subprocess\n"
         f"p = subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
-        "print('started', flush=True)\n"
+        f"open({marker.name!r}, 'w').write(str(p.pid))\n"  # output may die with the kernel
     )
     if ending == "kernel_killed":
         script += "os.kill(os.getpid(), 9)\n"
     result = world.tool.run_sync(script)
-    assert "started" in result.content, result.content
+    assert marker.exists(), result.content
+    marker.unlink()
     if ending == "kernel_killed":  # reported as killed by SIGKILL, as without the sandbox
         assert result.details.get("exit_code") == -9, result.details
     assert _wait_gone(token) == []
