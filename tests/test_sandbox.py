@@ -269,6 +269,7 @@ def test_killed_host_takes_its_sandboxes_along(world: World) -> None:
         "time.sleep(1000)\n"
     )
     host = subprocess.Popen([sys.executable, "-c", HOST, SANDBOX, str(script)], cwd=world.project)
+    below: list[int] = []
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and time.monotonic() < deadline:
@@ -280,12 +281,19 @@ def test_killed_host_takes_its_sandboxes_along(world: World) -> None:
         host.kill()
         host.wait(10)
         assert _wait_gone(token, within=3.0) == []
+        deadline = time.monotonic() + 3.0  # the bound test_host_death sets, with CI slack
+        while [pid for pid in below if _running(pid)] and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not [pid for pid in below if _running(pid)]
     finally:
         with contextlib.suppress(OSError):
             host.kill()
         host.wait(10)
         _wait_gone(token, within=0)
+        for pid in below:  # a failing test leaks nothing either
+            if _running(pid):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
         ready.unlink(missing_ok=True)
         script.unlink(missing_ok=True)
 
