@@ -547,3 +547,25 @@ def test_the_longest_allowed_tmpdir_still_fits_the_sandboxed_sockets(
         assert "42" in result.content, result.content
     finally:
         shutil.rmtree(parent, ignore_errors=True)
+
+
+def test_a_per_call_run_sees_its_own_working_directory(world: World) -> None:
+    """A sandbox's view is fixed when its kernel starts, so spares are kept per directory: a
+    per-call run whose scope names another directory reads and writes there, not in the
+    host's directory that the first spares were started for."""
+    other = world.root / "other-project"
+    other.mkdir(exist_ok=True)
+    (other / "input.txt").write_text("from the other project\n")
+    scope = SessionScope("lsb-cwd", cwd=str(other))
+    script = (
+        "import os\n"
+        "print(open('input.txt').read().strip(), os.getcwd())\n"
+        "open('out.txt', 'w').write('written')\n"
+    )
+    for _ in range(2):  # cold for that directory, then (usually) its own spare
+        result = world.tool.run_sync(script, scope=scope)
+        assert result.details.get("exit_code") == 0, result.content
+        assert f"from the other project {other}" in result.content
+    assert (other / "out.txt").read_text() == "written"
+    # The host's own directory still works, and its spares were kept.
+    assert "project notes" in world.run("print(open('notes.txt').read())")

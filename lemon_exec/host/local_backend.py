@@ -68,6 +68,11 @@ class LocalBackend:
         #: session kernels) still run under them, so they stay until the backend closes.
         self._retired: list[ForkServer] = []
 
+    @property
+    def sandboxed(self) -> bool:
+        """Whether kernels start in a sandbox, whose view of the filesystem is fixed at start."""
+        return self._sandbox is not None
+
     async def start(
         self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
     ) -> ManagedKernel:

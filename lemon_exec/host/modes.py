@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -45,6 +46,8 @@ from lemon_exec.tools._toolset import toolset
 
 #: A spare's empty warm-up cell must finish within this many seconds.
 _WARM_CELL_TIMEOUT_S = 10.0
+#: Sandboxed spares are kept for this many working directories (the most recently used).
+_SANDBOXED_SPARE_DIRS = 4
 
 OWNER_CLOSED_WHILE_QUEUED = (
     "execute_code: the session owner was closed while this call was queued; nothing ran"
@@ -72,6 +75,7 @@ class Modes:
             config.warm_kernels,
             start_spare=self._start_spare,
             discard=self._discard_spare,
+            max_keys=_SANDBOXED_SPARE_DIRS if self.engine.backend.sandboxed else None,
         )
         self.admission = Admission(
             config.max_concurrent_per_call or default_limit(), config.max_queued_per_call
@@ -130,7 +134,7 @@ class Modes:
         """Start the fork server, and per-call spares, for ``interpreter`` in the background."""
         self.engine.warm_up(interpreter)
         if self.config.mode != "session":
-            self.pool.refill(interpreter)
+            self.pool.refill(self._spare_key(interpreter, Path.cwd()))
 
     def snapshot(self) -> dict[str, Any]:
         """Aggregate kernel counts (no identities): the session registry plus spares."""
@@ -173,7 +177,9 @@ class Modes:
             try:
                 engine.staging.write_private_file(workspace, "script.py", call.script)
                 try:
-                    kernel, source = await self.pool.claim(call.interpreter)
+                    kernel, source = await self.pool.claim(
+                        self._spare_key(call.interpreter, call.cwd)
+                    )
                 except KernelStartError as exc:
                     return start_failure(exc, details)
                 except LemonExecError as exc:
@@ -232,15 +238,26 @@ class Modes:
             )
         return refusal(message, details)
 
-    async def _start_cold(self, interpreter: str) -> KernelHandle:
-        work_dir = str(self.engine.staging.work_dir)
-        return await self.engine.start_kernel(interpreter, work_dir, mode="per_call")
+    def _spare_key(self, interpreter: str, cwd: Path | str) -> str:
+        """The pool key of a per-call kernel: a sandboxed kernel's view of the filesystem is
+        fixed when it starts, so its spares are kept per working directory too."""
+        if not self.engine.backend.sandboxed:
+            return interpreter
+        return f"{interpreter}\0{os.path.realpath(cwd)}"
 
-    async def _start_spare(self, interpreter: str) -> KernelHandle:
+    def _start_dir(self, key: str) -> tuple[str, str]:
+        """``(interpreter, directory to start in)`` for a pool key (see :meth:`_spare_key`)."""
+        interpreter, _, view = key.partition("\0")
+        return interpreter, view or str(self.engine.staging.work_dir)
+
+    async def _start_cold(self, key: str) -> KernelHandle:
+        interpreter, start_dir = self._start_dir(key)
+        return await self.engine.start_kernel(interpreter, start_dir, mode="per_call")
+
+    async def _start_spare(self, key: str) -> KernelHandle:
         engine = self.engine
-        kernel = await engine.start_kernel(
-            interpreter, str(engine.staging.work_dir), mode="per_call", source="spare"
-        )
+        interpreter, start_dir = self._start_dir(key)
+        kernel = await engine.start_kernel(interpreter, start_dir, mode="per_call", source="spare")
         # One empty script cell pays the first-cell costs (lazy imports, and in a forked
         # kernel the copy-on-write faults: ~8 ms) before a caller waits. It defines nothing,
         # so the namespace a run finds is still fresh.

@@ -9,6 +9,11 @@ A spare inherited the host's environment when it started, so each remembers a sn
 set, changed or removed a variable meanwhile) is stale and discarded, never handed out.
 Comparing the two dicts costs a few microseconds per claim; a discard costs a cold start
 for that one call.
+
+Spares are kept per key. The key is the interpreter, plus, for sandboxed kernels, the working
+directory their sandbox shows (fixed when the kernel starts). With ``max_keys`` set, only the
+spares of that many most recently used keys are kept, so an agent that moves between many
+directories does not leave a spare behind in each.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class KernelPool:
         *,
         start_spare: Starter | None = None,
         discard: Discarder | None = None,
+        max_keys: int | None = None,
     ) -> None:
         self._start = start  # a kernel a caller is waiting for
         self._start_spare = start_spare or start  # a spare: may prepare itself further
@@ -59,6 +65,8 @@ class KernelPool:
         #: Spares discarded at claim because the host's environment had changed.
         self.stale_discarded = 0
         self._filling: dict[str, asyncio.Task[None]] = {}
+        self.max_keys = max_keys
+        self._recent: list[str] = []  # keys, least recently used first
         self._closed = False
 
     async def claim(self, interpreter: str) -> tuple[KernelHandle, str]:
@@ -80,15 +88,33 @@ class KernelPool:
 
     def refill(self, interpreter: str) -> None:
         """Start spares in the background until ``size`` are ready (no-op when size is 0)."""
-        if self._closed or self.size == 0 or interpreter in self._filling:
+        if self._closed or self.size == 0:
+            return
+        self._touch(interpreter)
+        if interpreter in self._filling:
             return
         task = asyncio.get_running_loop().create_task(self._fill(interpreter))
         self._filling[interpreter] = task
         task.add_done_callback(lambda _t: self._filling.pop(interpreter, None))
 
+    def _touch(self, key: str) -> None:
+        """Mark ``key`` most recently used; past ``max_keys``, drop the oldest key's spares."""
+        if key in self._recent:
+            self._recent.remove(key)
+        self._recent.append(key)
+        while self.max_keys is not None and len(self._recent) > self.max_keys:
+            old = self._recent.pop(0)
+            for spare in self._spares.pop(old, []):
+                self._drop(spare.kernel)  # a fill still running for it stops by itself
+
+    def _wanted(self, key: str) -> bool:
+        return not self._closed and (self.max_keys is None or key in self._recent)
+
     async def _fill(self, interpreter: str) -> None:
-        spares = self._spares.setdefault(interpreter, [])
-        while not self._closed and len(spares) < self.size:
+        while self._wanted(interpreter):
+            spares = self._spares.setdefault(interpreter, [])
+            if len(spares) >= self.size:
+                return
             started = time.monotonic()
             before = dict(os.environ)
             try:
@@ -99,6 +125,11 @@ class KernelPool:
             if self._closed:
                 await kernel.kill()
                 return
+            if not self._wanted(interpreter):  # its key was dropped while it started
+                self._spares.pop(interpreter, None)
+                self._drop(kernel)
+                return
+            spares = self._spares.setdefault(interpreter, [])
             # Which environment the kernel got is known only if it did not change meanwhile.
             spares.append(_Spare(kernel, before if before == os.environ else None))
             log.debug("spare ready in %.0f ms", (time.monotonic() - started) * 1000)
