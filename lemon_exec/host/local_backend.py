@@ -76,7 +76,7 @@ class LocalBackend:
     async def start(
         self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
     ) -> ManagedKernel:
-        prefix = self._sandbox_prefix(cwd)  # RefusedError: a sandbox that cannot start
+        prefix = self._sandbox_prefix(interpreter, cwd)  # RefusedError: cannot start
         server = self._fork_server(interpreter, env)
         group = self._limiter.prepare()  # LimitsUnavailable: a limit nothing here enforces
         try:
@@ -102,7 +102,7 @@ class LocalBackend:
         self._cgroups[kernel] = group
         return kernel
 
-    def _sandbox_prefix(self, cwd: str) -> Callable[[Path], list[str]] | None:
+    def _sandbox_prefix(self, interpreter: str, cwd: str) -> Callable[[Path], list[str]] | None:
         """The sandbox launcher for a kernel starting in ``cwd`` (None: no sandbox).
 
         Raises ``RefusedError`` naming the fix when the sandbox cannot start.
@@ -117,6 +117,7 @@ class LocalBackend:
         if view == self._staging.work_dir:
             view = Path.cwd()
         staging = self._staging
+        runtime = sandboxes.runtime_paths(interpreter)
 
         def prefix(kernel_dir: Path) -> list[str]:
             return sandboxes.kernel_argv_prefix(
@@ -126,6 +127,7 @@ class LocalBackend:
                 kernel_dir=kernel_dir,
                 staging_root=staging.path,
                 pypath=staging.path / "pypath",
+                runtime=runtime,
             )
 
         return prefix

@@ -120,11 +120,15 @@ def kernel_argv_prefix(
     kernel_dir: Path,
     staging_root: Path,
     pypath: Path,
+    runtime: tuple[Path, ...] = (),
 ) -> list[str]:
     """The argv that runs a kernel's ``python -m lemon_exec.kernel ...`` inside the sandbox.
 
     ``kernel_dir`` is the kernel's own runtime directory (bound writable: its sockets);
-    ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only).
+    ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only);
+    ``runtime`` what the kernel needs to run at all (its interpreter's environment, the
+    ``lemon_exec`` package): bound read-only again where the private ``/tmp`` or
+    ``$TMPDIR`` would hide them (a checkout and venv under ``/tmp``, as CI clones often are).
     """
     cwd = Path(os.path.realpath(cwd))
     if cwd == Path("/") and spec.cwd_writable:
@@ -150,6 +154,9 @@ def kernel_argv_prefix(
     args += ["--dev", "/dev", "--proc", "/proc"]
     for mask in masks:
         args += ["--tmpfs", str(mask)]
+    for needed in sorted({Path(os.path.realpath(p)) for p in runtime}):
+        if needed.exists() and any(_under(needed, m) for m in masks):
+            args += ["--ro-bind", str(needed), str(needed)]
     if inside_mask:
         args += bind_cwd
         for mask in masks:
@@ -175,6 +182,29 @@ def kernel_argv_prefix(
     args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
     # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
     return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "lemon-sandbox", bwrap, *args, "--"]
+
+
+def runtime_paths(interpreter: str) -> tuple[Path, ...]:
+    """What a kernel under ``interpreter`` must see to start: the interpreter's environment
+    (a venv's root and its base installation) and the ``lemon_exec`` package itself."""
+    import lemon_exec  # the package the kernels import (the staging root's pypath links it)
+
+    paths = [Path(lemon_exec.__file__).resolve().parent]
+    exe = Path(interpreter)
+    if not exe.is_absolute():  # a bare name is looked up on PATH inside: nothing to add
+        return tuple(paths)
+    root = exe.parent.parent  # <root>/bin/python
+    paths.append(root)
+    cfg = root / "pyvenv.cfg"
+    try:
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                paths.append(Path(value.strip()).parent)  # <base>/bin -> <base>
+    except OSError:
+        pass  # not a venv: root is the installation itself
+    paths.append(Path(os.path.realpath(exe)).parent.parent)
+    return tuple(paths)
 
 
 def _other_roots(staging_root: Path) -> list[Path]:
