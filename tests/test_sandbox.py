@@ -569,3 +569,36 @@ def test_a_per_call_run_sees_its_own_working_directory(world: World) -> None:
     assert (other / "out.txt").read_text() == "written"
     # The host's own directory still works, and its spares were kept.
     assert "project notes" in world.run("print(open('notes.txt').read())")
+
+
+def test_an_interpreter_and_package_under_tmp_are_bound_back(tmp_path: Path) -> None:
+    """A checkout and venv under /tmp (where CI may clone) stay visible, read-only, after the
+    private /tmp is mounted; nothing else under /tmp comes back."""
+    venv = Path(tempfile.mkdtemp(prefix="lsb-venv-", dir="/tmp"))
+    try:
+        (venv / "bin").mkdir()
+        (venv / "bin" / "python").symlink_to(sys.executable)
+        (venv / "pyvenv.cfg").write_text(f"home = {Path(sys.executable).parent}\n")
+        runtime = sandboxes.runtime_paths(str(venv / "bin" / "python"))
+        assert venv in runtime
+        spec = sandboxes.SandboxSpec(kind="bwrap")
+        staging_root = Path("/tmp/lemon-exec-x")
+        mounts = _mounts(
+            sandboxes.kernel_argv_prefix(
+                spec,
+                bwrap="bwrap",
+                cwd=tmp_path,
+                kernel_dir=staging_root / "runtime" / "k",
+                staging_root=staging_root,
+                pypath=staging_root / "pypath",
+                runtime=runtime,
+            )
+        )
+        masked = mounts.index(("--tmpfs", "/tmp"))
+        assert mounts.index(("--ro-bind", str(venv))) > masked, mounts
+        # Only what a mask would hide is bound again: a package outside /tmp is not.
+        package = Path(sandboxes.__file__).resolve().parent.parent
+        bound_again = ("--ro-bind", str(package)) in mounts
+        assert bound_again == package.is_relative_to("/tmp"), mounts
+    finally:
+        shutil.rmtree(venv, ignore_errors=True)
