@@ -271,7 +271,8 @@ class ExecuteCodeConfig(Configurable):
     python_path = _Str(
         "",
         help="Python interpreter that runs the kernels (it needs ipykernel). Blank means "
-        "python3 found on PATH; a relative path is resolved against the working directory.",
+        "python3 found on PATH when it has ipykernel, else the host's own interpreter; a "
+        "relative path is resolved against the working directory.",
     ).tag(config=True, convert=_coerce_path)
 
     timeout_ms = _Int(
