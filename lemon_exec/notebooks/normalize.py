@@ -77,6 +77,8 @@ _GENERIC_RULES: tuple[tuple[re.Pattern[str], str], ...] = (
 
 # Details keys whose values vary from run to run or machine to machine, replaced wholesale.
 _VOLATILE_DETAILS = {"duration_ms": "<ms>", "queue_wait_ms": "<ms>", "python": "<python>"}
+# Details keys present on some machines only (e.g. whether the venv was activated): left out.
+_MACHINE_DETAILS = frozenset({"python_fallback"})
 
 
 class Normalizer:
@@ -136,6 +138,8 @@ class Normalizer:
             self.kernel(details["kernel_id"])  # number it before any text mentions it
         for key in sorted(details):
             value = details[key]
+            if key in _MACHINE_DETAILS:
+                continue
             if key in _VOLATILE_DETAILS and value is not None:
                 out[key] = _VOLATILE_DETAILS[key]
             elif key == "kernel_id" and isinstance(value, str):
