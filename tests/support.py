@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lemon_exec import ExecuteCode
 
@@ -31,3 +34,28 @@ def pid_gone(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):  # gone before, or while, reading
         return True
     return bool(re.search(r"^State:\s+Z", status, re.M))
+
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    """An event loop on a daemon thread, for facades that a test module shares across tests.
+
+    ``run`` waits at most ``timeout`` seconds (default: the one given at construction).
+    """
+
+    def __init__(self, timeout: float = 45) -> None:
+        self.timeout = timeout
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Awaitable[T], timeout: float | None = None) -> T:
+        future: Future[T] = asyncio.run_coroutine_threadsafe(coro, self.loop)  # type: ignore[arg-type]
+        return future.result(self.timeout if timeout is None else timeout)
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+        self.loop.close()

@@ -21,41 +21,26 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
-from support import pid_gone
+from support import LoopThread, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.results import LOST_LINE, LOST_WHY
 
 pytestmark = pytest.mark.timeout(90)
 
-T = TypeVar("T")
 
 #: Ignores SIGINT, so only the SIGTERM / SIGKILL steps of the stop can end the kernel.
 STUBBORN = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
 
 
-class LoopThread:
-    """An event loop on a daemon thread; the facades of this module live on it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Awaitable[T], timeout: float = 80) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
-
-
 @pytest.fixture(scope="module")
 def lt() -> Iterator[LoopThread]:
-    loop_thread = LoopThread()
+    loop_thread = LoopThread(timeout=80)
     yield loop_thread
     loop_thread.close()
+
+
+T = TypeVar("T")
 
 
 @pytest.fixture

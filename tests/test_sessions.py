@@ -21,32 +21,13 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
-from support import configured, pid_gone
+from support import LoopThread, configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.results import FALLBACK_NOTE, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)
-
-T = TypeVar("T")
-
-
-class LoopThread:
-    """An event loop on a daemon thread; every facade in this module lives on it."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro: Awaitable[T], timeout: float = 45) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(5)
-        self.loop.close()
 
 
 def policy(call: ToolCall) -> PolicyDecision:
@@ -103,6 +84,9 @@ def ec(lt: LoopThread) -> Iterator[ExecuteCode]:
     while time.monotonic() < deadline and not all(pid_gone(pid) for pid in PIDS):
         time.sleep(0.05)
     assert [pid for pid in PIDS if not pid_gone(pid)] == [], "kernel processes left behind"
+
+
+T = TypeVar("T")
 
 
 @pytest.fixture
