@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
+import subprocess
 import threading
 from collections.abc import Awaitable, Iterator
 from concurrent.futures import Future
@@ -59,3 +61,29 @@ class LoopThread:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(5)
         self.loop.close()
+
+
+def mcp_call_execute_code(server: subprocess.Popen[str], script: str) -> dict[str, Any]:
+    """Drive a ``lemon-exec mcp`` stdio server by hand (line-delimited JSON-RPC): initialize,
+    then one ``execute_code`` call of ``script``; its reply message."""
+    assert server.stdin is not None and server.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert server.stdin is not None
+        server.stdin.write(json.dumps(message) + "\n")
+        server.stdin.flush()
+
+    send({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "test", "version": "0"}},
+    })  # fmt: skip
+    assert json.loads(server.stdout.readline())["id"] == 1
+    send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+    send({
+        "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "execute_code", "arguments": {"script": script}},
+    })  # fmt: skip
+    while (reply := json.loads(server.stdout.readline())).get("id") != 2:
+        pass
+    return dict(reply)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from support import pid_gone
+from support import mcp_call_execute_code, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host import hygiene
@@ -251,28 +251,8 @@ def test_killed_stdio_mcp_server_leaves_nothing(tmp_path: Path, reap: set[int]) 
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, cwd=tmp_path, text=True
     )
     reap.add(server.pid)
-    assert server.stdin is not None and server.stdout is not None
-
-    def send(message: dict[str, object]) -> None:
-        assert server.stdin is not None
-        server.stdin.write(json.dumps(message) + "\n")
-        server.stdin.flush()
-
     try:
-        send({
-            "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "test", "version": "0"}},
-        })  # fmt: skip
-        assert json.loads(server.stdout.readline())["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        script = daemon_script(tmp_path / "pids", block=False)
-        send({
-            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "execute_code", "arguments": {"script": script}},
-        })  # fmt: skip
-        while json.loads(server.stdout.readline()).get("id") != 2:
-            pass
+        mcp_call_execute_code(server, daemon_script(tmp_path / "pids", block=False))
         kernel, _parent, *daemons = read_pids(tmp_path / "pids", within=1)
         reap.update({kernel, *daemons})
         everything = below(server.pid) | {kernel, *daemons}

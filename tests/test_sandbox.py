@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import mcp_call_execute_code
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host import sandbox as sandboxes
@@ -430,28 +431,10 @@ def test_mcp_server_sandbox_flag(world: World) -> None:
         env=env,
         text=True,
     )
-    assert server.stdin is not None and server.stdout is not None
-
-    def send(message: dict[str, object]) -> None:
-        assert server.stdin is not None
-        server.stdin.write(json.dumps(message) + "\n")
-        server.stdin.flush()
-
+    assert server.stdin is not None
     try:
-        send({
-            "jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "test", "version": "0"}},
-        })  # fmt: skip
-        assert json.loads(server.stdout.readline())["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         script = "import os\n" + attempt("open(os.path.expanduser('~/.ssh/id_rsa')).read()")
-        send({
-            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": {"name": "execute_code", "arguments": {"script": script}},
-        })  # fmt: skip
-        while (reply := json.loads(server.stdout.readline())).get("id") != 2:
-            pass
+        reply = mcp_call_execute_code(server, script)
         text = json.dumps(reply)
         assert "BLOCKED: FileNotFoundError" in text and SECRET not in text, text
     finally:
