@@ -7,13 +7,14 @@ import contextlib
 import json
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Awaitable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
-from lemon_exec import ExecuteCode
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 
 @contextlib.contextmanager
@@ -87,3 +88,16 @@ def mcp_call_execute_code(server: subprocess.Popen[str], script: str) -> dict[st
     while (reply := json.loads(server.stdout.readline())).get("id") != 2:
         pass
     return dict(reply)
+
+
+def enabled_config(**overrides: Any) -> ExecuteCodeConfig:
+    """An enabled config whose kernels run under the interpreter running the tests: 30 s
+    timeout, no warm spares, unless ``overrides`` say otherwise."""
+    values: dict[str, Any] = {
+        "enabled": True,
+        "timeout_ms": 30_000,
+        "warm_kernels": 0,
+        "python_path": sys.executable,
+    }
+    values.update(overrides)
+    return ExecuteCodeConfig(**values)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult
 from lemon_exec.host.admission import Admission, Denied, Slot, default_limit
@@ -25,14 +25,8 @@ GiB = 2**30
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": 30_000,
-        "warm_kernels": 0,
-        "python_path": sys.executable,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config (see support.enabled_config)."""
+    return enabled_config(**overrides)
 
 
 # --- the default cap ----------------------------------------------------------------------------

@@ -14,13 +14,13 @@ import os
 import shutil
 import signal
 import stat
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
@@ -32,14 +32,8 @@ TIMEOUT_MS = 10_000
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": TIMEOUT_MS,
-        "warm_kernels": 0,
-        "python_path": sys.executable,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config for this module (see support.enabled_config)."""
+    return enabled_config(**{"timeout_ms": TIMEOUT_MS, **overrides})
 
 
 @pytest.fixture(scope="module")

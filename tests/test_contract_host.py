@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import shutil
 import stat
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
@@ -34,14 +34,8 @@ SHOW = f"import os\nprint(repr(os.environ.get({VAR!r})))\n"
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": 20_000,
-        "warm_kernels": 0,
-        "python_path": sys.executable,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config for this module (see support.enabled_config)."""
+    return enabled_config(**{"timeout_ms": 20_000, **overrides})
 
 
 @pytest.fixture

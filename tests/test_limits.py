@@ -8,12 +8,12 @@ hierarchies) and, with cgroups turned off, under rlimits. Every test checks that
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host import limits
@@ -22,14 +22,8 @@ pytestmark = pytest.mark.timeout(90)
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": 30_000,
-        "warm_kernels": 0,
-        "python_path": sys.executable,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config (see support.enabled_config)."""
+    return enabled_config(**overrides)
 
 
 def lemon_cgroups() -> list[Path]:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.details import Details
@@ -47,15 +48,8 @@ PID_LINE = "import os\nprint(f'PID={os.getpid()}', flush=True)\n"
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    """An enabled config whose kernels run under the interpreter running the tests."""
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": TIMEOUT_MS,
-        "warm_kernels": 0,
-        "python_path": sys.executable,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config for this module (see support.enabled_config)."""
+    return enabled_config(**{"timeout_ms": TIMEOUT_MS, **overrides})
 
 
 @pytest.fixture(scope="module")

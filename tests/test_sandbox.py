@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import mcp_call_execute_code
+from support import enabled_config, mcp_call_execute_code
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host import sandbox as sandboxes
@@ -40,15 +40,8 @@ SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted-for-the-sandbox-test"
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": 30_000,
-        "warm_kernels": 1,
-        "python_path": sys.executable,
-        "sandbox": SANDBOX,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
+    """An enabled config for this module (see support.enabled_config)."""
+    return enabled_config(**{"warm_kernels": 1, "sandbox": SANDBOX, **overrides})
 
 
 class World:
