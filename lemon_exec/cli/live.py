@@ -17,7 +17,7 @@ from lemon_exec.host.output import sanitize
 from lemon_exec.host.results import DIAGNOSTICS_HEADER
 from lemon_exec.result import ExecuteCodeResult
 
-__all__ = ["LiveOutput", "unstreamed_content"]
+__all__ = ["LiveOutput", "unstreamed_content", "write_text"]
 
 #: Most characters of streamed output kept to recognise it in the result. The result holds
 #: at most ``max_output_bytes`` of output whole; past that it is truncated anyway, and only
@@ -71,19 +71,24 @@ class LiveOutput:
         if stream is None:
             return
         try:
-            try:
-                stream.write(text)
-            except UnicodeEncodeError:
-                # A non-UTF-8 terminal must not cost the run its output.
-                encoding = getattr(stream, "encoding", None) or "ascii"
-                stream.write(text.encode(encoding, "replace").decode(encoding))
-            stream.flush()
+            write_text(stream, text)
         except (BrokenPipeError, ValueError):  # the reader went away (`| head`): stop showing
             self._stream = None
         except OSError:
             with contextlib.suppress(OSError):
                 stream.flush()
             self._stream = None
+
+
+def write_text(stream: TextIO, text: str) -> None:
+    """Write and flush ``text``; a terminal that cannot encode a character gets a
+    replacement instead of costing the run its output (or a finished run a crash)."""
+    try:
+        stream.write(text)
+    except UnicodeEncodeError:
+        encoding = getattr(stream, "encoding", None) or "ascii"
+        stream.write(text.encode(encoding, "replace").decode(encoding))
+    stream.flush()
 
 
 def unstreamed_content(result: ExecuteCodeResult, live: LiveOutput) -> str:

@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from lemon_exec.cli.live import LiveOutput, unstreamed_content
+from lemon_exec.cli.live import LiveOutput, unstreamed_content, write_text
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
@@ -274,11 +274,4 @@ def _error(message: str) -> None:
 
 
 def _write(text: str) -> None:
-    stream = sys.stdout
-    try:
-        stream.write(text)
-    except UnicodeEncodeError:
-        # A non-UTF-8 terminal must not turn a finished run into a crash.
-        encoding = getattr(stream, "encoding", None) or "ascii"
-        stream.write(text.encode(encoding, "replace").decode(encoding))
-    stream.flush()
+    write_text(sys.stdout, text)
