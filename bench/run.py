@@ -16,25 +16,58 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import importlib.metadata
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+# ``python bench/run.py`` puts bench/ first on sys.path; the modules beside this one are
+# imported as the ``bench`` package, so put the checkout's root there too.
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path:
+    sys.path.insert(1, _ROOT)
+
+from bench.common import (  # noqa: E402
+    MIB,
+    RESULT_MARKER,
+    TRIVIAL_CELL,
+    TRIVIAL_SCRIPT,
+    RawKernel,
+    Report,
+    has_setting,
+    lemon_config,
+    log,
+    percentile,
+    python_subprocess,
+    script_json,
+    sleep_until,
+    summarize,
+    timed_run,
+    wait_quiet,
+)
+from bench.machine import loadavg, machine_info  # noqa: E402
+from bench.memory import (  # noqa: E402
+    RssSampler,
+    cmdline,
+    descendants,
+    hwm_kib,
+    pss_uss_of,
+    pss_uss_of_single,
+    rss_kib,
+    tree_pss_uss_mib,
+    tree_rss_mib,
+)
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope  # noqa: E402
 
 # -- figures and targets --------------------------------------------------------------------------
 
@@ -96,14 +129,10 @@ GROUPS: tuple[str, ...] = (
     "sandbox",
 )
 
-TRIVIAL_SCRIPT = "print(1)\n"
-TRIVIAL_CELL = "x = 1"
 FLOOD_SCRIPT = (
     "import sys; chunk = 'x' * 1023 + '\\n'; [sys.stdout.write(chunk) for _ in range(100 * 1024)]"
 )
 FLOOD_BYTES = 100 * 1024 * 1024
-MIB = 1024 * 1024
-RESULT_MARKER = "BENCH_JSON:"
 
 
 @dataclass(frozen=True)
@@ -174,53 +203,6 @@ class Plan:
         )
 
 
-# -- statistics and reporting ---------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q``-th percentile (0-100) by linear interpolation between closest ranks."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def summarize(values: Sequence[float]) -> dict[str, float | int]:
-    """p50, p90, min, max and sample count of ``values``."""
-    return {
-        "p50": round(percentile(values, 50), 3),
-        "p90": round(percentile(values, 90), 3),
-        "min": round(min(values), 3) if values else math.nan,
-        "max": round(max(values), 3) if values else math.nan,
-        "n": len(values),
-    }
-
-
-@dataclass
-class Report:
-    """Figures (issue 5's names), their sample statistics, context numbers and errors."""
-
-    figures: dict[str, float] = field(default_factory=dict)
-    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
-    errors: dict[str, str] = field(default_factory=dict)
-
-    def figure(self, name: str, value: float, samples: Sequence[float] | None = None) -> None:
-        self.figures[name] = round(float(value), 3)
-        if samples is not None:
-            self.stats[name] = summarize(samples)
-
-    def context(self, name: str, value: Any) -> None:
-        self.extra[name] = round(value, 3) if isinstance(value, float) else value
-
-
-def log(message: str) -> None:
-    """Progress goes to stderr, so that ``--json`` leaves stdout to the JSON object."""
-    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def verdict(name: str, value: float | None) -> bool | None:
     if name not in TARGETS or value is None or math.isnan(value):
         return None
@@ -272,387 +254,6 @@ def _num(value: float) -> str:
     return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
 
 
-# -- machine ------------------------------------------------------------------------------------
-
-
-def machine_info(interpreter: str) -> dict[str, Any]:
-    """Cores, Python, platform and package versions (put in every report)."""
-    import lemon_exec
-
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    mem_total_mib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem_total_mib = int(line.split()[1]) // 1024
-    real = os.path.realpath(interpreter)
-    return {
-        "cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else os.cpu_count(),
-        "cpu_model": cpu_model,
-        "mem_total_mib": mem_total_mib,
-        "python": platform.python_version(),
-        "python_implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "jupyter_client": _version("jupyter_client"),
-        "ipykernel": _version("ipykernel"),
-        "pyzmq": _version("pyzmq"),
-        "lemon_exec": lemon_exec.__version__,
-        "kernel_interpreter": interpreter,
-        "kernel_interpreter_is_script": _is_script(real),
-        "loadavg_start": _loadavg(),
-        "lemon_exec_git": _git_state(),
-        "config_defaults": {
-            key: getattr(ExecuteCodeConfig(), key)
-            for key in ("warm_kernels", "fork_server")
-            if key in ExecuteCodeConfig.class_trait_names()
-        },
-    }
-
-
-def _git_state() -> dict[str, Any] | None:
-    """The commit of the lemon_exec checkout and whether its tree has changes (read-only)."""
-    import lemon_exec
-
-    root = Path(lemon_exec.__file__).resolve().parents[1]
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            text=True,
-            capture_output=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return {"commit": head, "modified_files": len(dirty.splitlines())}
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def _is_script(path: str) -> bool:
-    """True when ``path`` is a shell script (e.g. a pyenv shim), not a binary."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read(2) == b"#!"
-    except OSError:
-        return False
-
-
-def _loadavg() -> list[float]:
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return []
-
-
-# -- process memory -------------------------------------------------------------------------------
-
-
-def rss_kib(pid: int | str = "self") -> int:
-    """VmRSS of a process in KiB (0 when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def hwm_kib() -> int:
-    """VmHWM (peak RSS) of this process in KiB."""
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def descendants(pid: int) -> list[int]:
-    """``pid``'s children, grandchildren, ... (from /proc/PID/task/*/children)."""
-    found: list[int] = []
-    stack = [pid]
-    while stack:
-        current = stack.pop()
-        task_dir = Path(f"/proc/{current}/task")
-        with contextlib.suppress(OSError):
-            for task in task_dir.iterdir():
-                with contextlib.suppress(OSError, ValueError):
-                    for child in (task / "children").read_text().split():
-                        found.append(int(child))
-                        stack.append(int(child))
-    return found
-
-
-def tree_rss_mib(pid: int) -> tuple[float, int]:
-    """RSS of ``pid`` plus all its descendants in MiB, and how many processes that was."""
-    pids = [pid, *descendants(pid)]
-    return sum(rss_kib(p) for p in pids) / 1024, len(pids)
-
-
-def tree_pss_uss_mib(pid: int) -> tuple[float, float] | None:
-    """PSS and USS (private pages) of ``pid`` plus descendants in MiB, from smaps_rollup.
-
-    A forked kernel shares its parent's pages copy-on-write; RSS counts them whole in every
-    process, PSS divides them among the sharers and USS leaves them out.
-    """
-    pss = uss = 0
-    for p in [pid, *descendants(pid)]:
-        found = pss_uss_kib(p)
-        if found is None:
-            return None
-        pss += found[0]
-        uss += found[1]
-    return pss / 1024, uss / 1024
-
-
-def pss_uss_kib(pid: int) -> tuple[int, int] | None:
-    """PSS and USS (Private_Clean + Private_Dirty) of one process in KiB, from smaps_rollup."""
-    pss = uss = 0
-    try:
-        with open(f"/proc/{pid}/smaps_rollup") as fh:
-            for line in fh:
-                key, _, rest = line.partition(":")
-                if key == "Pss":
-                    pss += int(rest.split()[0])
-                elif key in ("Private_Clean", "Private_Dirty"):
-                    uss += int(rest.split()[0])
-    except (OSError, ValueError):
-        return None
-    return pss, uss
-
-
-def cmdline(pid: int) -> str:
-    """A process's command line, shortened (empty when it is gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)[:120]
-
-
-class RssSampler:
-    """Samples this process's VmRSS every ``interval`` seconds on a thread; keeps the peak."""
-
-    def __init__(self, interval: float = 0.02) -> None:
-        self.interval = interval
-        self.peak_kib = rss_kib()
-        self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self.peak_kib = max(self.peak_kib, rss_kib())
-            self.samples += 1
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_kib = max(self.peak_kib, rss_kib())
-
-
-# -- lemon_exec helpers ---------------------------------------------------------------------------
-
-
-def lemon_config(**overrides: Any) -> ExecuteCodeConfig:
-    """An enabled config with a 60 s timeout, ``overrides`` applied."""
-    values: dict[str, Any] = {
-        "enabled": True,
-        "timeout_ms": 60_000,
-        "warm_kernels": 1,
-        "max_live_kernels": 16,
-    }
-    values.update(overrides)
-    return ExecuteCodeConfig(**values)
-
-
-def has_setting(name: str) -> bool:
-    """Whether this lemon_exec has the setting ``name`` (the engine changes under us)."""
-    return name in ExecuteCodeConfig.class_trait_names()
-
-
-async def wait_quiet(ec: ExecuteCode, spares: int, timeout: float, sessions: int = 0) -> bool:
-    """Wait until ``spares`` spares are ready and no other kernel is starting or stopping."""
-    deadline = time.monotonic() + timeout
-    while True:
-        snap = ec.snapshot()
-        if snap["spares"] >= spares and snap["kernels_total"] <= spares + sessions:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-
-
-async def timed_run(ec: ExecuteCode, script: str, scope: SessionScope) -> tuple[float, Any]:
-    """Wall-clock milliseconds of one ``ec.run`` and its result (which must have succeeded)."""
-    t0 = time.perf_counter()
-    result = await ec.run(script, scope=scope)
-    elapsed = (time.perf_counter() - t0) * 1000
-    if result.details.get("exit_code") != 0:
-        raise RuntimeError(f"script failed: {result.content[:500]!r} {result.details}")
-    return elapsed, result
-
-
-def script_json(result: Any) -> Any:
-    """The JSON a benchmark script reported with ``text(BENCH_JSON:...)``."""
-    found = [line for line in result.content.splitlines() if line.startswith(RESULT_MARKER)]
-    if not found:
-        raise RuntimeError(f"no {RESULT_MARKER} line in result: {result.content[:500]!r}")
-    return json.loads(found[-1][len(RESULT_MARKER) :])
-
-
-async def python_subprocess(interpreter: str, script: Path, cwd: str) -> float:
-    """Milliseconds to run ``interpreter script`` with captured output, as asyncio does."""
-    t0 = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        interpreter,
-        str(script),
-        cwd=cwd,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        out, err = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
-    elapsed = (time.perf_counter() - t0) * 1000
-    if proc.returncode != 0 or out.strip() != b"1":
-        raise RuntimeError(f"python subprocess failed ({proc.returncode}): {err[-500:]!r}")
-    return elapsed
-
-
-# -- plain jupyter_client on a plain ipykernel ----------------------------------------------------
-
-
-class RawKernel:
-    """A plain ipykernel (``python3 -m ipykernel_launcher``) driven by plain jupyter_client."""
-
-    def __init__(self, km: Any, kc: Any) -> None:
-        self.km = km
-        self.kc = kc
-
-    @classmethod
-    async def start(cls, interpreter: str, cwd: str) -> RawKernel:
-        """Start the kernel; ready once it answered kernel_info and IOPub delivered a message.
-
-        That is the fast readiness rule of issue 5 (``wait_for_ready`` would add its 0.2 s of
-        IOPub silence), so that cold starts are compared on equal terms.
-        """
-        from jupyter_client import AsyncKernelManager
-        from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-
-        class _PlainSpecs(KernelSpecManager):  # type: ignore[misc]
-            def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-                return KernelSpec(
-                    argv=[interpreter, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    display_name="plain ipykernel",
-                    language="python",
-                )
-
-        km = AsyncKernelManager(
-            kernel_name="bench-plain-ipykernel", kernel_spec_manager=_PlainSpecs()
-        )
-        kernel = None
-        try:
-            await km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            kc = km.client()
-            kc.start_channels()
-            kernel = cls(km, kc)
-            await asyncio.wait_for(kernel._ready(), 60)
-            return kernel
-        except BaseException:
-            if kernel is not None:
-                await kernel.aclose()
-            else:
-                with contextlib.suppress(Exception):
-                    await km.shutdown_kernel(now=True)
-            raise
-
-    async def _ready(self) -> None:
-        msg_id = self.kc.kernel_info()
-
-        async def reply() -> None:
-            while True:
-                msg = await self.kc.get_shell_msg(timeout=60)
-                if msg["parent_header"].get("msg_id") == msg_id:
-                    return
-
-        async def iopub() -> None:
-            await self.kc.get_iopub_msg(timeout=60)  # iopub_welcome (ipykernel >= 7.2) or status
-
-        await asyncio.gather(reply(), iopub())
-
-    async def execute(self, code: str) -> str:
-        """Run ``code``; return its stdout once the reply and IOPub ``idle`` have arrived."""
-        msg_id = self.kc.execute(code)
-        stdout: list[str] = []
-        got_reply = False
-        got_idle = False
-
-        async def reply() -> None:
-            nonlocal got_reply
-            while not got_reply:
-                msg = await self.kc.get_shell_msg(timeout=60)
-                got_reply = msg["parent_header"].get("msg_id") == msg_id
-
-        async def iopub() -> None:
-            nonlocal got_idle
-            while not got_idle:
-                msg = await self.kc.get_iopub_msg(timeout=60)
-                if msg["parent_header"].get("msg_id") != msg_id:
-                    continue
-                if msg["msg_type"] == "stream":
-                    stdout.append(msg["content"]["text"])
-                got_idle = (
-                    msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
-                )
-
-        await asyncio.gather(reply(), iopub())
-        return "".join(stdout)
-
-    @property
-    def pid(self) -> int | None:
-        return getattr(self.km.provisioner, "pid", None)
-
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kc.stop_channels()
-        with contextlib.suppress(Exception):
-            await self.km.shutdown_kernel(now=True)
-
-
 # -- the measurements -----------------------------------------------------------------------------
 
 
@@ -688,7 +289,7 @@ async def bench_per_call(ctx: Context) -> None:
             await python_subprocess(real_python, script, str(ctx.workdir))
         start = time.monotonic()
         for i in range(plan.per_call_pairs):
-            await _sleep_until(start + i * plan.per_call_spacing_s)
+            await sleep_until(start + i * plan.per_call_spacing_s)
 
             async def baselines() -> None:
                 # After a per-call run its spare refills and the used kernel stops in the
@@ -750,7 +351,7 @@ async def bench_sandbox(ctx: Context) -> None:
         await asyncio.sleep(plan.settle_s)
         start = time.monotonic()
         for i in range(plan.per_call_pairs):
-            await _sleep_until(start + i * plan.per_call_spacing_s)
+            await sleep_until(start + i * plan.per_call_spacing_s)
             runs = ((plain, plain_ms, "plain"), (boxed, boxed_ms, "sandboxed"))
             for ec, samples, name in runs if i % 2 == 0 else reversed(runs):
                 await wait_quiet(ec, 1, plan.per_call_spacing_s * 0.4)
@@ -1214,7 +815,7 @@ async def bench_concurrent8(ctx: Context) -> None:
             while tick < end:
                 if time.monotonic() > tick + 0.001:
                     late += 1  # the previous run overran the period
-                await _sleep_until(tick)
+                await sleep_until(tick)
                 elapsed, result = await timed_run(ec, TRIVIAL_SCRIPT, agent_scope)
                 samples.append(elapsed)
                 source = str(result.details.get("kernel_source"))
@@ -1230,17 +831,6 @@ async def bench_concurrent8(ctx: Context) -> None:
     report.context("concurrent8_warm_kernels", config.warm_kernels)
     report.context("concurrent8_kernel_sources", sources)
     report.context("concurrent8_late_starts", late)
-
-
-def pss_uss_of(pids: Sequence[int]) -> tuple[float, float]:
-    """Summed PSS and USS in MiB of ``pids`` (each with its descendants); gone ones count 0."""
-    pss = uss = 0.0
-    for pid in pids:
-        found = tree_pss_uss_mib(pid)
-        if found is not None:
-            pss += found[0]
-            uss += found[1]
-    return pss, uss
 
 
 async def start_sessions(
@@ -1289,15 +879,6 @@ async def bench_sessions64(ctx: Context) -> None:
     report.context("sessions64_uss_mb", uss)
     report.context("sessions64_rss_mb", rss)
     report.context("sessions64_template_pss_mb", other_pss)
-
-
-def pss_uss_of_single(pids: Sequence[int]) -> tuple[float, float]:
-    """Summed PSS and USS in MiB of exactly ``pids`` (no descendants; gone ones count 0)."""
-    found = [pss_uss_kib(p) for p in pids]
-    return (
-        sum(f[0] for f in found if f) / 1024,
-        sum(f[1] for f in found if f) / 1024,
-    )
 
 
 BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
@@ -1362,12 +943,6 @@ CHILDREN: dict[str, Callable[[Path, float], Awaitable[dict[str, Any]]]] = {
 # -- driver ---------------------------------------------------------------------------------------
 
 
-async def _sleep_until(when: float) -> None:
-    delay = when - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
-
-
 def _cancel_on_sigterm() -> None:
     """Turn SIGTERM into cancellation of the running task, so ``async with`` cleans up."""
     task = asyncio.current_task()
@@ -1419,7 +994,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                     if g == group and name not in report.figures:
                         report.errors[name] = message
             log(f"{group} done in {time.monotonic() - t0:.1f} s")
-    machine["loadavg_end"] = _loadavg()
+    machine["loadavg_end"] = loadavg()
     out: dict[str, Any] = {
         name: report.figures.get(name) for name, (_u, g) in FIGURES.items() if g in groups
     }
