@@ -478,6 +478,9 @@ class ManagedKernel:
 
 
 _CONTEXT: zmq.asyncio.Context | None = None
+#: First retry of a connection the kernel has not bound yet, and the backoff's ceiling.
+_RECONNECT_IVL_MS = 2
+_RECONNECT_IVL_MAX_MS = 100
 
 
 def shared_context() -> zmq.asyncio.Context:
@@ -495,15 +498,18 @@ def shared_context() -> zmq.asyncio.Context:
         _CONTEXT = zmq.asyncio.Context()
         _CONTEXT.setsockopt(zmq.RCVHWM, 64)
         _CONTEXT.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        # The host connects before a new kernel has bound its sockets (ipc: refused until
+        # then); zmq's default 100 ms retry interval was most of a kernel start's latency.
+        # Retry soon, backing off to the default for a kernel that is gone.
+        _CONTEXT.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
+        _CONTEXT.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
     return _CONTEXT
 
 
 def _connect_host_iopub(path: Path) -> zmq.asyncio.Socket:
     """The host's end of the kernel's private IOPub channel (see kernel/app.py)."""
     socket = shared_context().socket(zmq.PULL)
-    socket.setsockopt(zmq.LINGER, 0)
-    # The kernel binds a moment after it starts: retry the connection quickly.
-    socket.setsockopt(zmq.RECONNECT_IVL, 10)
+    socket.setsockopt(zmq.LINGER, 0)  # retried quickly until the kernel binds (see above)
     socket.connect(f"ipc://{path}")
     return socket
 
