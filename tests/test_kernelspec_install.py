@@ -196,3 +196,45 @@ def test_jupyter_from_another_environment_runs_the_installed_kernel(
     assert ran.returncode == 0, ran.stderr
     assert "STATUS ok" in ran.stdout, ran.stdout + ran.stderr
     assert "OUTPUT True True" in ran.stdout, ran.stdout + ran.stderr
+
+
+def test_for_gateway_writes_a_local_process_proxy_spec(tmp_path: Path) -> None:
+    kernels = tmp_path / "eg-kernels"
+    done = _run([*_cli(), "kernelspec", "install", "--for-gateway", str(kernels)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    spec = _spec(kernels / "lemon-python")
+    argv = spec["argv"]
+    assert isinstance(argv, list) and _is_this_python(argv[0]) and argv[1:] == ARGV_TAIL
+    metadata = spec["metadata"]
+    assert isinstance(metadata, dict)
+    assert metadata["process_proxy"] == {
+        "class_name": "enterprise_gateway.services.processproxies.processproxy.LocalProcessProxy"
+    }
+
+
+def test_for_gateway_kubernetes_spec_runs_pods_of_the_image(tmp_path: Path) -> None:
+    kernels = tmp_path / "eg-kernels"
+    argv = [*_cli(), "kernelspec", "install", "--for-gateway", str(kernels)]
+    done = _run([*argv, "--kubernetes-image", "registry/lemon:1", "--name", "lemon-k8s"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "registry/lemon:1" in done.stdout
+    spec = _spec(kernels / "lemon-k8s")
+    metadata = spec["metadata"]
+    assert isinstance(metadata, dict)
+    proxy = metadata["process_proxy"]
+    assert proxy["class_name"].endswith("k8s.KubernetesProcessProxy")
+    assert proxy["config"] == {"image_name": "registry/lemon:1"}
+    words = spec["argv"]
+    assert isinstance(words, list) and words[1].endswith("/launch_kubernetes.py")
+    for placeholder in ("{kernel_id}", "{port_range}", "{response_address}", "{public_key}"):
+        assert placeholder in words
+
+
+def test_kubernetes_image_without_for_gateway_is_a_usage_error(tmp_path: Path) -> None:
+    done = _run([*_cli(), "kernelspec", "install", "--kubernetes-image", "x"], tmp_path)
+    assert done.returncode == 2 and "--for-gateway" in done.stderr
+    bad = _run(
+        [*_cli(), "kernelspec", "install", "--for-gateway", str(tmp_path), "--name", "a b"],
+        tmp_path,
+    )
+    assert bad.returncode == 2 and "invalid kernelspec name" in bad.stderr

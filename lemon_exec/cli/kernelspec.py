@@ -14,13 +14,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-__all__ = ["install_kernelspec", "main", "register"]
+__all__ = ["install_gateway_kernelspec", "install_kernelspec", "main", "register"]
+
+#: A kernelspec name, as jupyter_client accepts it.
+_NAME = re.compile(r"[a-z0-9._-]+")
 
 EXIT_WRITE = 1
 EXIT_USAGE = 2
@@ -78,6 +82,21 @@ def add_install_options(parser: argparse.ArgumentParser) -> None:
         help="install into PREFIX/share/jupyter/kernels (put PREFIX/share/jupyter on the "
         "other Jupyter's JUPYTER_PATH)",
     )
+    where.add_argument(
+        "--for-gateway",
+        metavar="DIR",
+        default=None,
+        help="write a kernelspec for Jupyter Enterprise Gateway into DIR/NAME (DIR: a kernels "
+        "directory the gateway reads, e.g. /usr/local/share/jupyter/kernels); see "
+        "docs/scale-out.md",
+    )
+    parser.add_argument(
+        "--kubernetes-image",
+        metavar="IMAGE",
+        default=None,
+        help="with --for-gateway: kernels run as pods of IMAGE (built from the Dockerfile) "
+        "through the gateway's Kubernetes process proxy, instead of as local processes",
+    )
     parser.add_argument(
         "--name",
         default=KERNEL_NAME,
@@ -93,10 +112,24 @@ def add_install_options(parser: argparse.ArgumentParser) -> None:
 def install_command(args: argparse.Namespace) -> int:
     """Install as ``args`` say; print where. Returns the exit status."""
     prefix = sys.prefix if args.sys_prefix else args.prefix
-    try:
-        destination = install_kernelspec(
-            name=args.name, display_name=args.display_name, user=args.user, prefix=prefix
+    if args.kubernetes_image is not None and args.for_gateway is None:
+        print(
+            "lemon-exec kernelspec install: --kubernetes-image needs --for-gateway DIR",
+            file=sys.stderr,
         )
+        return EXIT_USAGE
+    try:
+        if args.for_gateway is not None:
+            destination = install_gateway_kernelspec(
+                args.for_gateway,
+                name=args.name,
+                display_name=args.display_name,
+                kubernetes_image=args.kubernetes_image,
+            )
+        else:
+            destination = install_kernelspec(
+                name=args.name, display_name=args.display_name, user=args.user, prefix=prefix
+            )
     except ValueError as exc:
         print(f"lemon-exec kernelspec install: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -108,7 +141,10 @@ def install_command(args: argparse.Namespace) -> int:
         )
         return EXIT_WRITE
     print(f"Installed kernelspec {args.name.lower()} in {destination}")
-    print(f"  interpreter: {os.path.abspath(sys.executable)}")
+    if args.kubernetes_image is not None:
+        print(f"  kernels run as pods of {args.kubernetes_image} (Kubernetes process proxy)")
+    else:
+        print(f"  interpreter: {os.path.abspath(sys.executable)}")
     return 0
 
 
@@ -140,6 +176,37 @@ def install_kernelspec(
                 source, kernel_name=name or KERNEL_NAME, user=user, prefix=prefix
             )
         )
+
+
+def install_gateway_kernelspec(
+    directory: str,
+    *,
+    name: str | None = None,
+    display_name: str | None = None,
+    kubernetes_image: str | None = None,
+    interpreter: str | None = None,
+) -> str:
+    """Write lemon-python for Enterprise Gateway into ``directory/name``; return that path.
+
+    Enterprise Gateway reads kernelspecs from its Jupyter data path; ``directory`` is one of
+    its ``kernels`` directories. Raises ``ValueError`` for a bad name, ``OSError`` when it
+    cannot be written.
+    """
+    from lemon_exec.host.kernelspec import DISPLAY_NAME, KERNEL_NAME, gateway_kernel_json
+
+    name = (name or KERNEL_NAME).lower()
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"invalid kernelspec name {name!r}: use letters, digits, '.', '_', '-'")
+    spec = gateway_kernel_json(
+        os.path.abspath(interpreter or sys.executable),
+        kubernetes_image=kubernetes_image,
+        display_name=display_name or DISPLAY_NAME,
+    )
+    destination = Path(directory) / name
+    destination.mkdir(parents=True, exist_ok=True)
+    (destination / "kernel.json").write_text(json.dumps(spec, indent=2) + "\n")
+    _copy_logos(destination)
+    return str(destination)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -51,6 +51,58 @@ def kernel_json(interpreter: str, *, display_name: str = DISPLAY_NAME) -> dict[s
     }
 
 
+#: Enterprise Gateway's process proxies, by where the kernel runs.
+LOCAL_PROCESS_PROXY = "enterprise_gateway.services.processproxies.processproxy.LocalProcessProxy"
+KUBERNETES_PROCESS_PROXY = "enterprise_gateway.services.processproxies.k8s.KubernetesProcessProxy"
+#: Where Enterprise Gateway's own image keeps its Kubernetes launcher (its python_kubernetes
+#: kernelspec): the launcher renders the kernel pod and is the same for every Python image.
+EG_KUBERNETES_LAUNCHER = (
+    "/usr/local/share/jupyter/kernels/python_kubernetes/scripts/launch_kubernetes.py"
+)
+
+
+def gateway_kernel_json(
+    interpreter: str, *, kubernetes_image: str | None = None, display_name: str = DISPLAY_NAME
+) -> dict[str, Any]:
+    """The kernel.json Enterprise Gateway needs to run lemon-python (docs/scale-out.md).
+
+    Without ``kubernetes_image``: kernels run as processes on the gateway's machine
+    (LocalProcessProxy), started by ``interpreter``. With it: each kernel is a pod of that
+    image (the Dockerfile's: lemon_exec installed, its command
+    :mod:`lemon_exec.kernel.gateway_launcher`), rendered by Enterprise Gateway's Kubernetes
+    launcher, which passes the pod the kernel id, response address and public key.
+    """
+    if kubernetes_image is None:
+        spec = kernel_json(interpreter, display_name=display_name)
+        spec["metadata"]["process_proxy"] = {"class_name": LOCAL_PROCESS_PROXY}
+        return spec
+    return {
+        "argv": [
+            "python",
+            EG_KUBERNETES_LAUNCHER,
+            "--kernel-id",
+            "{kernel_id}",
+            "--port-range",
+            "{port_range}",
+            "--response-address",
+            "{response_address}",
+            "--public-key",
+            "{public_key}",
+        ],
+        "display_name": display_name,
+        "language": "python",
+        "metadata": {
+            "debugger": False,
+            "lemon_protocol": 1,
+            "process_proxy": {
+                "class_name": KUBERNETES_PROCESS_PROXY,
+                "config": {"image_name": kubernetes_image},
+            },
+        },
+        "env": {},
+    }
+
+
 class LemonKernelSpecManager(KernelSpecManager):
     """Serves the ``lemon-python`` spec for one interpreter; other names as usual."""
 
