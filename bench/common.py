@@ -147,6 +147,26 @@ async def python_subprocess(interpreter: str, script: Path, cwd: str) -> float:
 # -- plain jupyter_client on a plain ipykernel ----------------------------------------------------
 
 
+def plain_kernel_manager(interpreter: str, kernel_name: str = "bench-plain-ipykernel") -> Any:
+    """An AsyncKernelManager for ``interpreter -m ipykernel_launcher`` (no installed spec).
+
+    ``kernel_name="python3"`` makes jupyter_client and nbclient treat it as the stock IPython
+    kernel (nbclient then adds ``--HistoryManager.hist_file=:memory:``, as for ``python3``).
+    """
+    from jupyter_client import AsyncKernelManager
+    from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
+
+    class _PlainSpecs(KernelSpecManager):  # type: ignore[misc]
+        def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
+            return KernelSpec(
+                argv=[interpreter, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                display_name="plain ipykernel",
+                language="python",
+            )
+
+    return AsyncKernelManager(kernel_name=kernel_name, kernel_spec_manager=_PlainSpecs())
+
+
 class RawKernel:
     """A plain ipykernel (``python3 -m ipykernel_launcher``) driven by plain jupyter_client."""
 
@@ -161,20 +181,7 @@ class RawKernel:
         That is the fast readiness rule of issue 5 (``wait_for_ready`` would add its 0.2 s of
         IOPub silence), so that cold starts are compared on equal terms.
         """
-        from jupyter_client import AsyncKernelManager
-        from jupyter_client.kernelspec import KernelSpec, KernelSpecManager
-
-        class _PlainSpecs(KernelSpecManager):  # type: ignore[misc]
-            def get_kernel_spec(self, kernel_name: str) -> KernelSpec:
-                return KernelSpec(
-                    argv=[interpreter, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-                    display_name="plain ipykernel",
-                    language="python",
-                )
-
-        km = AsyncKernelManager(
-            kernel_name="bench-plain-ipykernel", kernel_spec_manager=_PlainSpecs()
-        )
+        km = plain_kernel_manager(interpreter)
         kernel = None
         try:
             await km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -67,6 +67,7 @@ from bench.memory import (  # noqa: E402
     tree_pss_uss_mib,
     tree_rss_mib,
 )
+from bench.peers import file_bridge_rtts, fresh_kernel_call  # noqa: E402
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope  # noqa: E402
 
 # -- figures and targets --------------------------------------------------------------------------
@@ -91,6 +92,10 @@ FIGURES: dict[str, tuple[str, str]] = {
     "sessions16_cells_per_s": ("cells/s", "sessions16"),
     "per_call_concurrent8_p95_ms": ("ms", "concurrent8"),  # issue 17
     "sessions64_idle_pss_mb": ("MiB", "sessions64"),
+    "raw_fresh_kernel_per_call_ms": ("ms", "fresh_kernel"),
+    "per_call_vs_fresh_kernel": ("x", "fresh_kernel"),
+    "file_bridge_rtt_ms": ("ms", "helpers"),
+    "helper_vs_file_bridge": ("x", "helpers"),
     "sandboxed_per_call_p50_ms": ("ms", "sandbox"),
     "sandbox_ratio": ("x", "sandbox"),
 }
@@ -126,6 +131,7 @@ GROUPS: tuple[str, ...] = (
     "sessions16",
     "concurrent8",
     "sessions64",
+    "fresh_kernel",
     "sandbox",
 )
 
@@ -155,6 +161,8 @@ class Plan:
     concurrent_agents: int
     concurrent_s: float
     sessions_idle: int
+    fresh_kernel_pairs: int
+    file_bridge_calls: int
     settle_s: float
     group_timeout_s: float
 
@@ -178,6 +186,8 @@ class Plan:
                 concurrent_agents=8,
                 concurrent_s=5.0,
                 sessions_idle=64,  # the figure is about 64: never extrapolated
+                fresh_kernel_pairs=4,
+                file_bridge_calls=40,
                 settle_s=0.7,
                 group_timeout_s=60.0,
             )
@@ -198,6 +208,8 @@ class Plan:
             concurrent_agents=8,
             concurrent_s=20.0,
             sessions_idle=64,
+            fresh_kernel_pairs=15,
+            file_bridge_calls=100,
             settle_s=1.0,
             group_timeout_s=240.0,
         )
@@ -554,19 +566,33 @@ async def bench_helpers(ctx: Context) -> None:
     )
     scope = ctx.scope("bench-helpers")
     rtt: list[float] = []
+    bridge_rtt: list[float] = []
     batches: list[float] = []
     rates: list[float] = []
     async with ExecuteCode(config) as ec:
         await timed_run(ec, "pass", scope)
-        for _ in range(plan.helper_runs):
-            _, result = await timed_run(
-                ec,
-                HELPER_RTT_SCRIPT.format(
-                    path=str(tiny), calls=plan.helper_calls, marker=RESULT_MARKER
-                ),
-                scope,
-            )
-            rtt.extend(script_json(result))
+        for i in range(plan.helper_runs):
+
+            async def lemon() -> None:
+                _, result = await timed_run(
+                    ec,
+                    HELPER_RTT_SCRIPT.format(
+                        path=str(tiny), calls=plan.helper_calls, marker=RESULT_MARKER
+                    ),
+                    scope,
+                )
+                rtt.extend(script_json(result))
+
+            async def file_bridge() -> None:
+                samples, counts = await file_bridge_rtts(
+                    ctx.interpreter, ctx.workdir, tiny, plan.file_bridge_calls
+                )
+                bridge_rtt.extend(samples)
+                report.context("file_bridge_pump", counts)
+
+            first, second = (lemon, file_bridge) if i % 2 == 0 else (file_bridge, lemon)
+            await first()
+            await second()
         _, result = await timed_run(
             ec,
             BATCH_SCRIPT.format(path=str(tiny), reps=plan.batch_reps, marker=RESULT_MARKER),
@@ -584,6 +610,8 @@ async def bench_helpers(ctx: Context) -> None:
             data = script_json(result)
             rates.append(data["bytes"] / MIB / data["seconds"])
     report.figure("helper_rtt_p50_ms", statistics.median(rtt), rtt)
+    report.figure("file_bridge_rtt_ms", statistics.median(bridge_rtt), bridge_rtt)
+    report.figure("helper_vs_file_bridge", statistics.median(rtt) / statistics.median(bridge_rtt))
     report.figure("batch_100_ms", statistics.median(batches), batches)
     report.figure("text_mb_per_s", statistics.median(rates), rates)
     report.context("text_block_bytes", block_bytes)
@@ -881,6 +909,45 @@ async def bench_sessions64(ctx: Context) -> None:
     report.context("sessions64_template_pss_mb", other_pss)
 
 
+async def bench_fresh_kernel(ctx: Context) -> None:
+    """raw_fresh_kernel_per_call_ms against lemon_exec's per-call run, alternating.
+
+    The peer starts a fresh plain ipykernel for every call through nbclient, as AutoGen's
+    JupyterCodeExecutor does (bench/peers.py): start, wait ready, execute, shut down. The
+    lemon side is a per-call run with the default pool, measured once the pool is quiet.
+    """
+    plan, report = ctx.plan, ctx.report
+    scope = ctx.scope("bench-fresh")
+    lemon_ms: list[float] = []
+    fresh_ms: list[float] = []
+    async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
+        await timed_run(ec, TRIVIAL_SCRIPT, scope)
+        await asyncio.sleep(plan.settle_s)
+        out = await fresh_kernel_call(ctx.interpreter, str(ctx.workdir))  # warm-up, uncounted
+        if out.strip() != "1":
+            raise RuntimeError(f"fresh kernel printed {out!r}")
+        for i in range(plan.fresh_kernel_pairs):
+
+            async def lemon() -> None:
+                await wait_quiet(ec, 1, 10)
+                lemon_ms.append((await timed_run(ec, TRIVIAL_SCRIPT, scope))[0])
+
+            async def fresh() -> None:
+                await wait_quiet(ec, 1, 10)
+                t0 = time.perf_counter()
+                await fresh_kernel_call(ctx.interpreter, str(ctx.workdir))
+                fresh_ms.append((time.perf_counter() - t0) * 1000)
+
+            first, second = (lemon, fresh) if i % 2 == 0 else (fresh, lemon)
+            await first()
+            await second()
+    fresh_p50 = statistics.median(fresh_ms)
+    lemon_p50 = statistics.median(lemon_ms)
+    report.figure("raw_fresh_kernel_per_call_ms", fresh_p50, fresh_ms)
+    report.figure("per_call_vs_fresh_kernel", lemon_p50 / fresh_p50)
+    report.context("fresh_kernel_lemon_per_call_p50_ms", lemon_p50)
+
+
 BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "per_call": bench_per_call,
     "sustained": bench_sustained,
@@ -893,6 +960,7 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "sessions16": bench_sessions16,
     "concurrent8": bench_concurrent8,
     "sessions64": bench_sessions64,
+    "fresh_kernel": bench_fresh_kernel,
     "sandbox": bench_sandbox,
 }
 
