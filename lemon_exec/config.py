@@ -306,6 +306,12 @@ class ExecuteCodeConfig(Configurable):
         help="Most helper calls one run may have in flight at once.",
     ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
 
+    max_parallel_mcp = _Int(
+        16,
+        help="lemon_exec extra: most calls of upstream MCP server tools (tools.<server>.<tool>) "
+        "one run may have in flight at once, on a lane of their own beside max_parallel_rpc.",
+    ).tag(config=True, convert=_coerce_int, clamp=_POSITIVE)
+
     tools = _List(
         Unicode(),
         default_value=[],

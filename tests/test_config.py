@@ -32,6 +32,7 @@ DEFAULTS = {
     "max_output_bytes": 50_000,
     "max_text_bytes": 65_536,
     "max_parallel_rpc": 4,
+    "max_parallel_mcp": 16,
     "tools": [],
     "kernel_mode": "per_call",
     "kernel_idle_timeout_ms": 1_800_000,
@@ -99,10 +100,10 @@ def test_every_setting_carries_the_metadata_the_loader_and_docs_read() -> None:
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
-    # the spec's 13, warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
-    # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files,
-    # sandbox, sandbox_cwd, sandbox_hidden, sandbox_network
-    assert len(keys) == 25
+    # the spec's 13, max_parallel_mcp, warm_kernels, fork_server, max_concurrent_per_call,
+    # max_queued_per_call, max_spill_bytes, kernel_memory_mb, kernel_max_processes,
+    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_network
+    assert len(keys) == 26
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -187,6 +188,7 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_OUTPUT_BYTES": "14",
         "LEMON_EXECUTE_CODE_MAX_TEXT_BYTES": "15",
         "LEMON_EXECUTE_CODE_MAX_PARALLEL_RPC": "16",
+        "LEMON_EXECUTE_CODE_MAX_PARALLEL_MCP": "7",
         "LEMON_EXECUTE_CODE_TOOLS": "grep",
         "LEMON_EXECUTE_CODE_KERNEL_MODE": "session",
         "LEMON_EXECUTE_CODE_KERNEL_IDLE_TIMEOUT_MS": "17",
@@ -214,6 +216,7 @@ def test_every_env_variable_is_read() -> None:
         "max_output_bytes": 14,
         "max_text_bytes": 15,
         "max_parallel_rpc": 16,
+        "max_parallel_mcp": 7,
         "tools": ["grep"],
         "kernel_mode": "session",
         "kernel_idle_timeout_ms": 17,

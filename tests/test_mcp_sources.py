@@ -406,14 +406,7 @@ async def test_lemon_exec_mcp_with_mcp_config(tmp_path: Path) -> None:
     assert "42" in result.content[0].text  # type: ignore[union-attr]
 
 
-@pytest.mark.slow
-async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
-    from lemon_exec import ExecuteCode
-    from lemon_exec.tools import default_registry
-
-    registry = default_registry()
-    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
-    script = """
+_BATCH_SCRIPT = """
 import json, time
 tools.up.slow(ms=1)
 t0 = time.perf_counter()
@@ -424,10 +417,39 @@ out = batch([("up.slow", {"ms": 100})] * 20)
 twenty = time.perf_counter() - t0
 text(json.dumps({"one": one, "twenty": twenty, "out": out}))
 """
-    config = _config(max_parallel_rpc=20)
+
+
+@pytest.mark.slow
+async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
+    """MCP calls run on their own lane (max_parallel_mcp, 16): even with the built-ins held
+    to one call at a time, batch() of 20 upstream calls takes about two waves, not 20."""
+    from lemon_exec import ExecuteCode
+    from lemon_exec.tools import default_registry
+
+    registry = default_registry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
+    config = _config(max_parallel_rpc=1)
     async with ExecuteCode(config, tools=registry) as tool:
-        result = await tool.run(script)
+        result = await tool.run(_BATCH_SCRIPT)
+    assert result.details["exit_code"] == 0, result.content
     data = json.loads(result.content.splitlines()[-1])
     assert data["out"] == ["slept 100"] * 20
     # The issue's bound (3x one call), plus slack for a loaded 2-core machine.
     assert data["twenty"] <= 3 * data["one"] + 0.3, data
+
+
+@pytest.mark.slow
+async def test_max_parallel_mcp_bounds_the_mcp_lane() -> None:
+    from lemon_exec import ExecuteCode
+    from lemon_exec.tools import default_registry
+
+    registry = default_registry()
+    registry.add_mcp_server("up", command=sys.executable, args=[SERVER])
+    config = _config(max_parallel_rpc=20, max_parallel_mcp=5)
+    async with ExecuteCode(config, tools=registry) as tool:
+        result = await tool.run(_BATCH_SCRIPT)
+    assert result.details["exit_code"] == 0, result.content
+    data = json.loads(result.content.splitlines()[-1])
+    assert data["out"] == ["slept 100"] * 20
+    # 20 calls of 100 ms, at most 5 at once: four waves at least, whatever max_parallel_rpc.
+    assert data["twenty"] >= 0.4, data

@@ -3,8 +3,9 @@
 The kernel sends ``call``, ``text`` and ``notify`` frames (docs/comm-protocol.md). This
 dispatcher keeps the spec's invariants: authentication comes before any budget or lookup;
 a call slot is spent before dispatch; a request id is answered once and a replay is refused;
-at most ``max_parallel`` tool calls run at once; the result-byte budget is charged as each
-call returns, and an over-budget result is answered with an error and not charged.
+at most ``max_parallel`` tool calls run at once (calls of upstream MCP server tools on a lane
+of their own, at most ``max_parallel_mcp``); the result-byte budget is charged as each call
+returns, and an over-budget result is answered with an error and not charged.
 """
 
 from __future__ import annotations
@@ -81,7 +82,11 @@ class BridgeLimits:
     max_calls: int
     max_result_bytes: int
     max_text_bytes: int
+    #: Calls in flight at once: the five helpers and host-defined tools (max_parallel_rpc).
     max_parallel: int
+    #: Calls of upstream MCP server tools in flight at once, on their own lane: they wait on
+    #: another process, not on this host, so they need not queue behind the built-ins.
+    max_parallel_mcp: int = 16
 
 
 class HostBridge:
@@ -111,6 +116,7 @@ class HostBridge:
         self._text_next = 1  # the number the next text block must carry
         self._partial: _PartialBlock | None = None  # a block still receiving frames
         self._slots = asyncio.Semaphore(limits.max_parallel)
+        self._mcp_slots = asyncio.Semaphore(limits.max_parallel_mcp)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
 
@@ -179,7 +185,9 @@ class HostBridge:
             tool=tool, params=params, cwd=self._cwd, call_id=call_id, notify=self._emit_notify
         )
         loop = asyncio.get_running_loop()
-        task = loop.create_task(self._dispatch(call))
+        spec = self._tool_host.registry.get(tool)
+        slots = self._mcp_slots if spec is not None and spec.mcp is not None else self._slots
+        task = loop.create_task(self._dispatch(call, slots))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # A call still running after ACK_AFTER_S is acknowledged, so the kernel, which bounds
@@ -188,9 +196,9 @@ class HostBridge:
         ack = loop.call_later(ACK_AFTER_S, self._reply, protocol.call_ack(call_id))
         task.add_done_callback(lambda _task: ack.cancel())
 
-    async def _dispatch(self, call: ToolCall) -> None:
+    async def _dispatch(self, call: ToolCall, slots: asyncio.Semaphore) -> None:
         try:
-            await self._slots.acquire()
+            await slots.acquire()
         except asyncio.CancelledError:
             self.stats.errors += 1  # the cell ended while the call waited for a slot
             raise
@@ -214,7 +222,7 @@ class HostBridge:
                 self._reply_error(call.call_id, f"{call.tool} failed: {type(exc).__name__}")
                 return
         finally:
-            self._slots.release()
+            slots.release()
         size = len(result.encode("utf-8", "replace"))
         if self.stats.result_bytes + size > self._limits.max_result_bytes:
             self.stats.errors += 1

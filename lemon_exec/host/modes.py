@@ -361,6 +361,7 @@ class Modes:
             max_result_bytes=c.max_rpc_result_bytes,
             max_text_bytes=c.max_text_bytes,
             max_parallel=c.max_parallel_rpc,
+            max_parallel_mcp=c.max_parallel_mcp,
         )
 
     def cell_request(
