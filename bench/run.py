@@ -68,6 +68,7 @@ from bench.memory import (  # noqa: E402
     tree_rss_mib,
 )
 from bench.peers import file_bridge_rtts, fresh_kernel_call  # noqa: E402
+from bench.scaling import SWEEPS, Grid, run_scaling  # noqa: E402
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope  # noqa: E402
 
 # -- figures and targets --------------------------------------------------------------------------
@@ -1088,6 +1089,51 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+#: Where a full scaling run writes its tables (``--docs`` overrides).
+DOCS_PAGE = Path(_ROOT) / "docs" / "benchmarks.md"
+
+
+async def scaling_main(args: argparse.Namespace) -> dict[str, Any]:
+    """``--scaling``: the four sweeps; tables to stdout, the docs page and ``--plot DIR``."""
+    from bench.scaling_docs import scaling_markdown, write_docs
+
+    _cancel_on_sigterm()
+    grid = Grid.make(args.scaling_grid or ("quick" if args.quick else "full"))
+    only = [n.strip() for n in (args.only or "").split(",") if n.strip()]
+    unknown = [n for n in only if n not in SWEEPS]
+    if unknown:
+        raise SystemExit(f"bench: unknown sweep {unknown[0]!r} (sweeps: {', '.join(SWEEPS)})")
+    interpreter = lemon_config().resolve_python()
+    machine = machine_info(interpreter)
+    started = time.monotonic()
+    log(f"scaling run ({grid.kind} grid); load average {machine['loadavg_start']}")
+    with tempfile.TemporaryDirectory(prefix="lemon-bench-scaling-") as tmp:
+        results = await run_scaling(grid, Path(tmp), only)
+    machine["loadavg_end"] = loadavg()
+    results["machine"] = machine
+    results["run"] = {
+        "scaling": True,
+        "grid": grid.kind,
+        "seconds": round(time.monotonic() - started, 1),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    plots: dict[str, Path] = {}
+    if args.plot:
+        from bench.plots import write_plots
+
+        plots = write_plots(results, Path(args.plot))
+        results["plots"] = {k: str(v) for k, v in plots.items()}
+    page = args.docs
+    if page is None and grid.kind == "full" and not only:
+        page = str(DOCS_PAGE)  # only a complete full run replaces the committed tables
+    if page and page != "-":
+        write_docs(Path(page), results, plots)
+        results["docs"] = page
+        log(f"scaling tables written to {page}")
+    print(scaling_markdown(results), file=sys.stderr if args.json else sys.stdout, flush=True)
+    return results
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer samples (under a minute)")
@@ -1102,6 +1148,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="run only the groups measuring these figures (or groups)",
     )
     parser.add_argument("--list", action="store_true", help="list figures and groups, then exit")
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="measure how cost grows (output size, helper calls, live sessions, agents) "
+        "instead of the figures; --only then names sweeps",
+    )
+    parser.add_argument(
+        "--plot", metavar="DIR", help="with --scaling: write one PNG per sweep into DIR"
+    )
+    parser.add_argument(
+        "--docs",
+        metavar="FILE",
+        help="with --scaling: write the tables into FILE between its markers ('-': nowhere; "
+        "default: docs/benchmarks.md after a complete full run, nowhere otherwise)",
+    )
+    parser.add_argument(
+        "--scaling-grid", choices=("full", "quick", "smoke"), help=argparse.SUPPRESS
+    )
     parser.add_argument("--child", choices=sorted(CHILDREN), help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
@@ -1121,6 +1185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"{name:28} {unit:8} group={group:11} "
                 f"{'target ' + target[0] + ' ' + _num(target[1]) if target else ''}"
             )
+        print(f"scaling sweeps (--scaling [--only SWEEP,...]): {', '.join(SWEEPS)}")
         return 0
     try:
         if args.child:
@@ -1128,7 +1193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = asyncio.run(_child_main(args.child, workdir, Plan.make(args.quick)))
             print(json.dumps(result), flush=True)
             return 0
-        out = asyncio.run(amain(args))
+        out = asyncio.run(scaling_main(args) if args.scaling else amain(args))
     except (KeyboardInterrupt, asyncio.CancelledError):
         log("interrupted; kernels stopped")
         return 130
