@@ -122,6 +122,18 @@ def _coerce_sandbox(raw: Any) -> Any:
     return "none" if word in ("", "none") or word in _FALSE_WORDS else word
 
 
+def _coerce_url(raw: Any) -> Any:
+    # Blank means "no gateway" (kernels run locally); anything else must be an http(s) URL.
+    if not isinstance(raw, str):
+        return _INVALID
+    url = raw.strip().rstrip("/")
+    return url if not url or url.startswith(("http://", "https://")) else _INVALID
+
+
+def _coerce_text(raw: Any) -> Any:
+    return raw.strip() if isinstance(raw, str) else _INVALID
+
+
 def _coerce_cwd_mode(raw: Any) -> Any:
     word = raw.strip().lower() if isinstance(raw, str) else None
     return word if word in ("rw", "ro") else _INVALID
@@ -421,6 +433,25 @@ class ExecuteCodeConfig(Configurable):
         help="Under the sandbox, whether kernels keep the host's network. Off (default): "
         "only their own loopback; services on the host's loopback are unreachable.",
     ).tag(config=True, convert=_coerce_bool)
+
+    gateway_url = _Str(
+        "",
+        help="Base URL of a Jupyter Enterprise Gateway (http or https, e.g. "
+        '"http://eg.example:8888") to run every kernel behind; blank (default): kernels run '
+        "on this machine. See docs/scale-out.md.",
+    ).tag(config=True, convert=_coerce_url)
+
+    gateway_auth_token = _Str(
+        "",
+        help="The Enterprise Gateway's auth token (sent as 'Authorization: token ...'); blank: "
+        "none. A secret: prefer the environment variable to a TOML file.",
+    ).tag(config=True, convert=_coerce_text)
+
+    gateway_kernel_name = _Str(
+        "lemon-python",
+        help="The kernelspec the Enterprise Gateway starts (it must run the lemon-python "
+        "kernel).",
+    ).tag(config=True, convert=_coerce_text)
 
     # --- checks beyond conversion and clamping; they run for every assignment ----------------
 

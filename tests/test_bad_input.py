@@ -25,6 +25,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.facade import MISSING_SCRIPT, NAN_TIMEOUT
+from lemon_exec.host.local_backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -170,6 +171,7 @@ def test_kernel_start_timeout_is_a_result_not_an_exception() -> None:
         assert facade.run_sync("print('warm')").ok  # starts the fork server in the background
         engine = facade._engine
         assert engine is not None
+        assert isinstance(engine.backend, LocalBackend)  # not a gateway
         (server,) = engine.backend._forkservers.values()
         deadline = time.monotonic() + 20
         while not server.ready and time.monotonic() < deadline:

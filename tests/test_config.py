@@ -50,6 +50,9 @@ DEFAULTS = {
     "sandbox_cwd": "rw",
     "sandbox_hidden": list(DEFAULT_SANDBOX_HIDDEN),
     "sandbox_network": False,
+    "gateway_url": "",
+    "gateway_auth_token": "",
+    "gateway_kernel_name": "lemon-python",
 }
 
 
@@ -102,8 +105,9 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     assert keys == list(SETTING_KEYS)
     # the spec's 13, max_parallel_mcp, warm_kernels, fork_server, max_concurrent_per_call,
     # max_queued_per_call, max_spill_bytes, kernel_memory_mb, kernel_max_processes,
-    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_network
-    assert len(keys) == 26
+    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_network,
+    # gateway_url, gateway_auth_token, gateway_kernel_name
+    assert len(keys) == 29
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -206,6 +210,9 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_SANDBOX_CWD": "ro",
         "LEMON_EXECUTE_CODE_SANDBOX_HIDDEN": "~/.ssh, /srv/secrets",
         "LEMON_EXECUTE_CODE_SANDBOX_NETWORK": "on",
+        "LEMON_EXECUTE_CODE_GATEWAY_URL": " http://eg.example:8888/ ",
+        "LEMON_EXECUTE_CODE_GATEWAY_AUTH_TOKEN": "s3cret",
+        "LEMON_EXECUTE_CODE_GATEWAY_KERNEL_NAME": "lemon-k8s",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -234,6 +241,9 @@ def test_every_env_variable_is_read() -> None:
         "sandbox_cwd": "ro",
         "sandbox_hidden": ["~/.ssh", "/srv/secrets"],
         "sandbox_network": True,
+        "gateway_url": "http://eg.example:8888",
+        "gateway_auth_token": "s3cret",
+        "gateway_kernel_name": "lemon-k8s",
     }
 
 

@@ -25,6 +25,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
+from lemon_exec.host.local_backend import LocalBackend
 from lemon_exec.host.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
 
 pytestmark = pytest.mark.timeout(90)
@@ -108,6 +109,7 @@ def test_session_kernels_after_an_env_change(
     assert facade.run_sync("x = 1", scope=first).ok
     engine = facade._engine
     assert engine is not None
+    assert isinstance(engine.backend, LocalBackend)  # not a gateway
     server = engine.backend._forkservers[facade.config.resolve_python()]
     wait_for(lambda: server.ready)  # later kernels would be forked from this template
 

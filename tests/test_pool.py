@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.local_backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -38,6 +39,7 @@ async def _wait_spares(ec: ExecuteCode, count: int = 1, timeout: float = 20.0) -
 async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> None:
     engine = ec._engine
     assert engine is not None
+    assert isinstance(engine.backend, LocalBackend)  # not a gateway
     servers = list(engine.backend._forkservers.values())
     assert servers, "no fork server was started"
     assert await servers[0].wait_ready(timeout)
@@ -83,6 +85,7 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
             info = _probe((await ec.run(PROBE)).content)
             engine = ec._engine
             assert engine is not None
+            assert isinstance(engine.backend, LocalBackend)  # not a gateway
             template = next(iter(engine.backend._forkservers.values()))
             assert template._proc is not None
             # Forked by the template, not launched by this process.

@@ -22,6 +22,7 @@ from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import InterpreterError, KernelStartError, RefusedError
 from lemon_exec.host import hygiene
 from lemon_exec.host.backend import KernelHandle
+from lemon_exec.host.gateway_backend import GatewayBackend
 from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.limits import LimitSpec
@@ -59,15 +60,21 @@ class Engine:
         self._background: set[asyncio.Task[Any]] = set()
         self._live: set[KernelHandle] = set()
         self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
-        self.backend = LocalBackend(
-            self.staging,
-            fork_server=config.fork_server,
-            spawn=self.spawn,
-            limits=LimitSpec(
-                config.kernel_memory_mb, config.kernel_max_processes, config.kernel_max_open_files
-            ),
-            sandbox=spec_from_config(config),
-        )
+        self.backend: LocalBackend | GatewayBackend
+        if config.gateway_url:  # kernels behind an Enterprise Gateway (docs/scale-out.md)
+            self.backend = GatewayBackend(config)
+        else:
+            self.backend = LocalBackend(
+                self.staging,
+                fork_server=config.fork_server,
+                spawn=self.spawn,
+                limits=LimitSpec(
+                    config.kernel_memory_mb,
+                    config.kernel_max_processes,
+                    config.kernel_max_open_files,
+                ),
+                sandbox=spec_from_config(config),
+            )
         self._closed = False  # no new kernels
         self._finished = False  # aclose ran
         self._reap_handle: asyncio.TimerHandle | None = None

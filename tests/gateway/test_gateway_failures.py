@@ -1,0 +1,122 @@
+"""What goes wrong with a gateway ends as a clear result, never a hang or a leftover kernel:
+a killed kernel, a dropped websocket, a wrong token, a wrong URL or kernelspec, and the
+settings only a local kernel can honour (issue 16)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec.host.results import lost_line
+
+from .eg import CuttableProxy, EnterpriseGateway, free_port
+from .support_gw import with_facade
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _run(gateway: EnterpriseGateway, script: str, **settings: Any) -> tuple[str, dict[str, Any]]:
+    async def body(ec: ExecuteCode) -> tuple[str, dict[str, Any]]:
+        result = await ec.run(script)
+        return result.content, dict(result.details)
+
+    return asyncio.run(with_facade(gateway, body, **settings))
+
+
+def test_a_killed_kernel_is_a_crash_and_the_session_starts_over(
+    gateway: EnterpriseGateway, tmp_path: Path
+) -> None:
+    scope = SessionScope("gw-crash", "agent", cwd=str(tmp_path))
+
+    async def body(ec: ExecuteCode) -> float:
+        await ec.run("x = 1", scope=scope)
+        started = time.monotonic()
+        crashed = await ec.run(
+            "import os, signal, time\nprint('bye', flush=True)\ntime.sleep(0.3)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)",
+            scope=scope,
+        )
+        took = time.monotonic() - started
+        assert crashed.content.startswith("Script exited with code -1"), crashed.content
+        assert "bye" in crashed.content
+        assert crashed.details["state_retained"] is False
+        after = await ec.run("print(x)", scope=scope)
+        assert after.content.startswith(lost_line("crashed")), after.content
+        return took
+
+    took = asyncio.run(with_facade(gateway, body, kernel_mode="session"))
+    assert took < 10, took  # noticed through the gateway's restarter, not the call's timeout
+    assert gateway.wait_no_kernels() == set()
+
+
+@pytest.mark.slow
+def test_a_dropped_websocket_ends_the_call_as_a_crash(gateway: EnterpriseGateway) -> None:
+    proxy = CuttableProxy(int(gateway.url.rsplit(":", 1)[1]))
+
+    async def body(ec: ExecuteCode) -> tuple[str, dict[str, Any], float]:
+        run = asyncio.ensure_future(
+            ec.run("import time\nprint('running', flush=True)\ntime.sleep(60)", timeout_ms=60_000)
+        )
+        await asyncio.sleep(1.5)  # the kernel started and the script runs
+        assert proxy.cut() >= 1
+        started = time.monotonic()
+        result = await asyncio.wait_for(run, 30)
+        return result.content, dict(result.details), time.monotonic() - started
+
+    try:
+        content, details, took = asyncio.run(
+            with_facade(gateway, body, gateway_url=f"http://127.0.0.1:{proxy.port}")
+        )
+    finally:
+        proxy.close()
+    assert content.startswith("Script exited with code -1"), content
+    assert "the websocket to the gateway closed" in content
+    assert details["state_retained"] is False
+    assert took < 5, took
+    # The shutdown request still went through (a new connection): nothing is left running.
+    assert gateway.wait_no_kernels() == set()
+
+
+def test_a_wrong_token_is_a_clear_start_failure(gateway: EnterpriseGateway) -> None:
+    content, details = _run(gateway, "print('never')", gateway_auth_token="not-the-token")
+    assert "refused the request (HTTP 401" in content, content
+    assert "gateway_auth_token" in content
+    assert details["startup_failed"] is True
+    assert gateway.kernel_ids() == set()
+
+
+def test_an_unreachable_gateway_is_a_clear_start_failure(gateway: EnterpriseGateway) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    content, details = _run(gateway, "print('never')", gateway_url=url)
+    assert f"cannot reach the Enterprise Gateway at {url}" in content, content
+    assert "gateway_url" in content
+    assert details["startup_failed"] is True
+
+
+def test_an_unknown_kernelspec_is_a_clear_start_failure(gateway: EnterpriseGateway) -> None:
+    content, details = _run(gateway, "print('never')", gateway_kernel_name="no-such-kernel")
+    assert "has no kernelspec 'no-such-kernel'" in content, content
+    assert details["startup_failed"] is True
+    assert gateway.kernel_ids() == set()
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "words"),
+    [
+        ("sandbox", "bwrap", "sandbox = 'bwrap' cannot apply to kernels behind"),
+        ("kernel_memory_mb", 256, "kernel_memory_mb = 256 asks for a memory limit"),
+        ("kernel_max_processes", 64, "kernel_max_processes = 64 asks for a process limit"),
+    ],
+)
+def test_local_only_settings_are_refused_with_a_gateway(
+    gateway: EnterpriseGateway, setting: str, value: object, words: str
+) -> None:
+    content, _details = _run(gateway, "print('never')", **{setting: value})
+    assert content.startswith(f"execute_code: {words}"), content
+    assert "nothing ran" in content and "never" not in content
+    assert gateway.kernel_ids() == set()

@@ -1,0 +1,62 @@
+"""Session mode on kernels behind a real Enterprise Gateway (issue 16): the state-retention
+table, reset, the queue, and a timeout's lost state, as locally."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec.host.results import lost_line
+
+from .eg import EnterpriseGateway
+from .support_gw import with_facade
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def test_state_is_kept_reset_discards_it_and_calls_queue(
+    gateway: EnterpriseGateway, tmp_path: Path
+) -> None:
+    scope = SessionScope("gw-session", "agent", cwd=str(tmp_path))
+
+    async def body(ec: ExecuteCode) -> None:
+        first = await ec.run("import os\nx = 41\nkid = os.environ['KERNEL_ID']", scope=scope)
+        assert first.details["persistent"] is True, first.content
+        second = await ec.run("x += 1\nprint(x, kid == os.environ['KERNEL_ID'])", scope=scope)
+        assert second.content == "42 True\n"
+        assert second.details["state_retained"] is True
+        assert second.details["kernel_reused"] is True
+
+        # Two calls at once: the second waits for the first, in order, on the same kernel.
+        slow = ec.run("import time\ntime.sleep(1)\norder = ['slow']", scope=scope)
+        quick = ec.run("order.append('quick')\nprint(order)", scope=scope)
+        slow_result, quick_result = await asyncio.gather(slow, quick)
+        assert slow_result.details["exit_code"] == 0, slow_result.content
+        assert quick_result.content == "['slow', 'quick']\n"
+        assert int(quick_result.details["queue_wait_ms"]) >= 500
+
+        reset = await ec.run("print(x)", scope=scope, reset=True)
+        assert reset.content.startswith("Script raised NameError"), reset.content
+        assert reset.details["reset_performed"] is True
+
+    asyncio.run(with_facade(gateway, body, kernel_mode="session"))
+    assert gateway.wait_no_kernels() == set()
+
+
+def test_a_timeout_discards_the_session_kernel(gateway: EnterpriseGateway, tmp_path: Path) -> None:
+    scope = SessionScope("gw-timeout", "agent", cwd=str(tmp_path))
+
+    async def body(ec: ExecuteCode) -> None:
+        await ec.run("x = 1", scope=scope)
+        timed_out = await ec.run("import time\ntime.sleep(30)", scope=scope, timeout_ms=1200)
+        assert timed_out.content.startswith("Script timed out after 1200ms."), timed_out.content
+        assert timed_out.details["state_retained"] is False
+        after = await ec.run("print(x)", scope=scope)
+        assert after.content.startswith(lost_line("timeout")), after.content
+        assert "NameError" in after.content
+
+    asyncio.run(with_facade(gateway, body, kernel_mode="session"))
+    assert gateway.wait_no_kernels() == set()
