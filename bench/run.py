@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Benchmark lemon_exec's execute_code against the alternatives (issue 5).
+"""Benchmark lemon_exec's execute_code against the alternatives (issues 5 and 17).
 
-Run ``python bench/run.py`` (about 3-4 minutes), ``--quick`` (under a minute), ``--json`` for
-one JSON object on stdout (everything else goes to stderr), ``--only NAME[,NAME]`` for a
-subset (figure or group names, see ``--list``). Compared commands are measured side by side
-in one run and alternated, so that a noisy machine slows both alike. What each figure means
-is in ``docs/benchmarks.md``.
+Run ``python bench/run.py`` (about 5 minutes), ``--quick`` (about 2), ``--json`` for one JSON
+object on stdout (everything else goes to stderr), ``--only NAME[,NAME]`` for a subset
+(figure or group names, see ``--list``). Compared commands are measured side by side in one
+run and alternated, so that a noisy machine slows both alike. ``--scaling`` measures how cost
+grows instead (bench/scaling.py; ``--plot DIR`` for PNGs). What each figure means is in
+``docs/benchmarks.md``.
 
 Every kernel this script starts is stopped on the way out, on errors and Ctrl-C included.
 """
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 # ``python bench/run.py`` puts bench/ first on sys.path; the modules beside this one are
-# imported as the ``bench`` package, so put the checkout's root there too.
+# imported as the ``bench`` package, so the checkout's root must be on it too (last, so that
+# a PYTHONPATH naming another lemon_exec still wins).
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
-    sys.path.insert(1, _ROOT)
+    sys.path.append(_ROOT)
 
 from bench.common import (  # noqa: E402
     MIB,
