@@ -817,6 +817,68 @@ def test_approval_withdrawn_when_the_cell_times_out(ec: ExecuteCode, scope: Sess
     assert PROBE.entered == []
 
 
+# -- the fast path: private channels, no kernel service thread in the way ----------------------
+
+STALL = """
+import json, time
+kernel = get_ipython().kernel
+def stall(thread, seconds):
+    started = __import__('threading').Event()
+    def hold():
+        started.set()
+        time.sleep(seconds)
+    thread.io_loop.add_callback(hold)
+    started.wait(5)
+"""
+
+
+@pytest.mark.parametrize("thread", ["control_thread", "iopub_thread"])
+def test_helpers_do_not_wait_for_a_busy_kernel_service_thread(
+    ec: ExecuteCode, scope: SessionScope, thread: str
+) -> None:
+    """Frames go straight to the host's private channel and replies come back on the
+    private reply channel, read by a thread of their own: a helper call needs neither the
+    control thread (busy with, say, a debugger request) nor the IOPub thread."""
+    script = (
+        STALL
+        + f"""
+stall(kernel.{thread}, 2.0)
+t0 = time.perf_counter()
+got = [read('a.txt') for _ in range(5)]
+text(json.dumps({{"seconds": time.perf_counter() - t0, "ok": got == ['hello\\nworld\\n'] * 5}}))
+"""
+    )
+    result = run(ec, scope, script)
+    assert result.details["exit_code"] == 0, result.content
+    data = last_json(result.content)
+    assert data["ok"] is True
+    assert data["seconds"] < 1.0, data  # the stalled thread holds for 2 s
+
+
+def test_output_sent_before_a_frame_stays_before_it(ec: ExecuteCode, scope: SessionScope) -> None:
+    """While output waits in the IOPub thread, a frame queues behind it (never overtakes)."""
+    events: list[str] = []
+    script = (
+        STALL
+        + """
+for i in range(5):
+    stall(kernel.iopub_thread, 0.1)
+    print(f"out {i}")
+    notify(f"n {i}")
+"""
+    )
+    result = run(
+        ec,
+        scope,
+        script,
+        on_output=lambda chunk: events.extend(f"out:{line}" for line in chunk.splitlines()),
+        on_update=lambda message: events.append(message),
+    )
+    assert result.details["exit_code"] == 0, result.content
+    expected = [item for i in range(5) for item in (f"out:out {i}", f"notify: n {i}")]
+    assert events == expected
+
+
 # -- notify ------------------------------------------------------------------------------------
 
 

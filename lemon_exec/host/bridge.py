@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import secrets
 import time
@@ -247,7 +246,7 @@ class HostBridge:
             return  # malformed: consumed, not counted
         text = protocol.normalize_text(text)
         # Normalising never changes the encoded length (\udXXX and \ufffd are both 6 bytes).
-        encoded_len = len(json.dumps(text))
+        encoded_len = protocol.json_string_len(text)
         if protocol.frame_size_with_text(data, encoded_len) > protocol.FRAME_CAP_BYTES:
             self._reply(protocol.text_reply(n, protocol.TOO_LARGE))
             return

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -76,6 +77,7 @@ class ManagedKernel:
         iopub: zmq.asyncio.Socket,
         iopub_path: Path,
         sandbox_dir: Path | None = None,
+        replies: tuple[zmq.asyncio.Socket, Path] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         #: A sandboxed kernel's own runtime directory (the only part of it the kernel sees).
@@ -87,6 +89,9 @@ class ManagedKernel:
         self._log_path = log_path
         self._iopub = iopub
         self._iopub_path = iopub_path
+        #: The kernel's private reply channel (kernel/hostlink.py): replies skip control.
+        self._replies: zmq.asyncio.Socket | None = replies[0] if replies else None
+        self._replies_path: Path | None = replies[1] if replies else None
         #: The link that publishes the connection file to Jupyter Server (see publish()).
         self._published: Path | None = None
         self._sinks: dict[str, MessageSink] = {}
@@ -141,7 +146,12 @@ class ManagedKernel:
             connection_file = sandbox_dir / f"kernel-{kernel_id}.json"
         # The host reads IOPub on a private channel the kernel binds (see kernel/app.py).
         iopub_path = Path(f"{socket_base}-host")
-        env = {**(env or {}), protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}"}
+        replies_path = Path(f"{socket_base}-repl")  # as long as iopub_path: same room check
+        env = {
+            **(env or {}),
+            protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}",
+            protocol.HOST_REPLY_ENV: f"ipc://{replies_path}",
+        }
         spec_manager = LemonKernelSpecManager(
             interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
         )
@@ -157,6 +167,7 @@ class ManagedKernel:
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         kernel: ManagedKernel | None = None
         iopub: zmq.asyncio.Socket | None = None
+        replies: zmq.asyncio.Socket | None = None
         try:
             try:
                 await asyncio.wait_for(
@@ -178,6 +189,7 @@ class ManagedKernel:
             # kernel are wasted), no stdin (scripts have none) and not the public IOPub.
             kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
             iopub = _connect_host_iopub(iopub_path)
+            replies = _connect_replies(replies_path)
             kernel = cls(
                 km,
                 kc,
@@ -187,6 +199,7 @@ class ManagedKernel:
                 iopub=iopub,
                 iopub_path=iopub_path,
                 sandbox_dir=sandbox_dir,
+                replies=(replies, replies_path),
             )
             kernel._start_readers()
             await kernel._wait_ready(time.monotonic() + timeout)
@@ -197,8 +210,11 @@ class ManagedKernel:
             else:
                 if iopub is not None:
                     iopub.close(linger=0)
+                if replies is not None:
+                    replies.close(linger=0)
                 await _kill_manager(km)
                 _unlink(iopub_path)
+                _unlink(replies_path)
                 _remove_dir(sandbox_dir)
             _unlink(log_path)
             raise
@@ -254,9 +270,13 @@ class ManagedKernel:
         self._unpublish()
         self._kc.stop_channels()
         self._iopub.close(linger=0)
+        if self._replies is not None:
+            self._replies.close(linger=0)
         await _kill_manager(self._km)
         _unlink(self._log_path)
         _unlink(self._iopub_path)
+        if self._replies_path is not None:
+            _unlink(self._replies_path)
         _remove_dir(self._sandbox_dir)
 
     def kill_sync(self) -> None:
@@ -275,6 +295,8 @@ class ManagedKernel:
         self._unpublish()
         for path in (Path(self.connection_file), self._log_path, self._iopub_path):
             _unlink(path)
+        if self._replies_path is not None:
+            _unlink(self._replies_path)
         _remove_dir(self._sandbox_dir)
         self._close_monitors()
 
@@ -358,10 +380,17 @@ class ManagedKernel:
         return msg_id
 
     def send_bridge_reply(self, content: dict[str, Any]) -> None:
-        """Send a bridge reply on the control channel (see docs/comm-protocol.md §3)."""
+        """Send a bridge reply on the private reply channel, else on control (§3)."""
         if self._disposed:
             return
-        self._kc.control_channel.send(self._kc.session.msg(protocol.REPLY_MSG_TYPE, content))
+        session = self._kc.session
+        if self._replies is None:
+            self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
+            return
+        packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
+        self._replies.send_multipart(
+            protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed), copy=False
+        )
 
     def _start_readers(self) -> None:
         channels = (
@@ -510,6 +539,15 @@ def _connect_host_iopub(path: Path) -> zmq.asyncio.Socket:
     """The host's end of the kernel's private IOPub channel (see kernel/app.py)."""
     socket = shared_context().socket(zmq.PULL)
     socket.setsockopt(zmq.LINGER, 0)  # retried quickly until the kernel binds (see above)
+    socket.connect(f"ipc://{path}")
+    return socket
+
+
+def _connect_replies(path: Path) -> zmq.asyncio.Socket:
+    """The host's end of the kernel's private reply channel (see kernel/hostlink.py)."""
+    socket = shared_context().socket(zmq.PUSH)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.RECONNECT_IVL, 10)
     socket.connect(f"ipc://{path}")
     return socket
 

@@ -16,10 +16,11 @@ from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 from traitlets import DottedObjectName, Type
 
+from lemon_exec.kernel.hostlink import start_reply_reader
 from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
-from lemon_exec.kernel.protocol import HOST_IOPUB_ENV
+from lemon_exec.kernel.protocol import HOST_IOPUB_ENV, HOST_REPLY_ENV
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
 
@@ -44,6 +45,8 @@ class LemonKernelApp(IPKernelApp):
     # ipykernel leaves IPKernelApp's methods unannotated: calls into them are untyped calls.
     name = "lemon-python-kernel"
     kernel_class = Type(LemonKernel, klass=Kernel).tag(config=True)
+    #: The private reply channel's socket (kernel/hostlink.py), when the host gave one.
+    reply_socket: Any = None
     outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
         config=True
     )
@@ -80,6 +83,10 @@ class LemonKernelApp(IPKernelApp):
         if address:
             assert isinstance(self.iopub_thread, LocalIOPubThread)
             self.iopub_thread.host_socket = _bind_host_iopub(context, address)
+        # Host replies to helper calls: read by a thread of their own (kernel/hostlink.py).
+        reply_address = os.environ.pop(HOST_REPLY_ENV, "")
+        if reply_address:
+            self.reply_socket = start_reply_reader(context, reply_address, self.session)
 
 
 class LocalIOPubThread(IOPubThread):
@@ -95,6 +102,11 @@ class LocalIOPubThread(IOPubThread):
         super().__init__(socket, pipe=False, session=session)  # type: ignore[no-untyped-call]
         #: The host's private channel (see LemonKernelApp.init_iopub), or None without a host.
         self.host_socket: Any = None
+        # Messages handed to the IO thread and not yet on the host channel. A bridge frame
+        # goes straight to the host (send_direct) only when none are, so it never overtakes
+        # output printed before it; the lock also makes the socket's users take turns.
+        self._host_lock = threading.Lock()
+        self._host_backlog = 0
 
     def send_multipart(self, *args: Any, **kwargs: Any) -> None:
         # Checked in the sending thread, before the message is queued for the IO thread.
@@ -106,7 +118,35 @@ class LocalIOPubThread(IOPubThread):
                 if note is None:
                     return
                 args = (note, *args[1:])
-        super().send_multipart(*args, **kwargs)  # type: ignore[no-untyped-call]
+        counted = self.host_socket is not None
+        if counted:
+            with self._host_lock:
+                self._host_backlog += 1
+        # What IOPubThread.send_multipart does, plus the backlog count (see send_direct).
+        self.schedule(lambda: self._send_scheduled(counted, args, kwargs))  # type: ignore[no-untyped-call]
+
+    def _send_scheduled(self, counted: bool, args: Any, kwargs: Any) -> None:
+        try:
+            self._really_send(*args, **kwargs)
+        finally:
+            if counted:
+                with self._host_lock:
+                    self._host_backlog -= 1
+
+    def send_direct(self, frames: list[bytes]) -> bool:
+        """Send a bridge frame to the host from the calling thread, without the IO thread.
+
+        Only while nothing sent before it waits in the IO thread (it would be overtaken);
+        False means the caller must use :meth:`send_multipart`, which keeps the order.
+        """
+        host = self.host_socket
+        if host is None or not self._is_master_process():  # type: ignore[no-untyped-call]
+            return False
+        with self._host_lock:
+            if self._host_backlog or host.closed:
+                return False
+            host.send_multipart(frames, copy=False)
+        return True
 
     def _oversize_note(self, frames: Any, size: int) -> list[bytes] | None:
         """The frames of the stream note that replaces an over-limit message (None: drop)."""
@@ -141,9 +181,11 @@ class LocalIOPubThread(IOPubThread):
         if not self._is_master_process():  # type: ignore[no-untyped-call]
             return
         host = self.host_socket
-        if host is not None and not host.closed:
-            # Blocks while the host's queue is full: the host never loses a message.
-            host.send_multipart(msg, *args, **kwargs)
+        if host is not None:
+            with self._host_lock:
+                if not host.closed:
+                    # Blocks while the host's queue is full: the host never loses a message.
+                    host.send_multipart(msg, *args, **kwargs)
         super()._really_send(msg, *args, **kwargs)  # type: ignore[no-untyped-call]  # public: drops for slow subscribers
 
     def close(self) -> None:

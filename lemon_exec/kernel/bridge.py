@@ -2,19 +2,23 @@
 
 One :class:`CellBridge` exists per lemon script cell. Kernel → host frames are ``comm_msg``
 messages on IOPub whose parent is the cell's execute_request, so the host can tell them from
-anything else on the kernel (a person's own executions included). Host → kernel replies
-arrive on the control channel and are delivered here from the control thread, which keeps
-running while the main thread is busy in the script (docs/comm-protocol.md §3).
+anything else on the kernel (a person's own executions included). With a host of our own
+(its private IOPub channel, see app.py) a frame goes from the calling thread straight onto
+that channel, unless output sent before it still waits in the IO thread. Host → kernel
+replies arrive on the private reply channel (hostlink.py) or the control channel, and are
+delivered here from that channel's thread, which keeps running while the main thread is busy
+in the script (docs/comm-protocol.md §3).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
 import time
 from typing import Any
+
+from jupyter_client.session import extract_header
 
 from lemon_exec.kernel import protocol
 
@@ -62,7 +66,12 @@ class CellBridge:
         self.generation = generation
         self._session = session
         self._iopub = iopub_socket
-        self._parent = parent
+        #: ipykernel's IOPub thread behind the socket: it can send a frame directly.
+        self._io_thread = getattr(iopub_socket, "io_thread", None)
+        self._send_direct = getattr(self._io_thread, "send_direct", None)
+        # Packed once per cell: every frame carries the cell's request as its parent.
+        self._parent_bytes: bytes = session.pack(extract_header(parent))
+        self._pid = os.getpid()  # made per cell, in the kernel's main thread
         self._token = token
         self._topic = f"comm-{comm_id}".encode()
         self._max_text_bytes = max_text_bytes
@@ -100,7 +109,7 @@ class CellBridge:
         continuation frames are never interleaved with another block's.
         """
         text = protocol.normalize_text(value)
-        encoded_len = len(json.dumps(text))  # once: it gives both the cost and the frame sizes
+        encoded_len = protocol.json_string_len(text)  # the cost and the frame sizes, once
         with self._text_lock:
             with self._lock:
                 self._check_open()
@@ -202,19 +211,24 @@ class CellBridge:
                 stream.flush()
 
     def _send_unchecked(self, frame: dict[str, Any]) -> None:
+        if os.getpid() != self._pid:
+            # A forked child must not use its parent's sockets; nothing it sent would arrive.
+            from lemon_exec.kernel.forkguard import forked_child_error
+
+            raise forked_child_error()
+        self._check_open()
+        try:
+            content = protocol.comm_content(self.comm_id, frame)
+        except UnicodeEncodeError:
+            # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
+            raise ToolError(protocol.BAD_UNICODE) from None
         with self._lock:
             self._check_open()
-            try:
-                self._session.send(
-                    self._iopub,
-                    "comm_msg",
-                    {"comm_id": self.comm_id, "data": frame},
-                    parent=self._parent,
-                    ident=self._topic,
-                )
-            except UnicodeEncodeError:
-                # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
-                raise ToolError(protocol.BAD_UNICODE) from None
+            frames = protocol.pack_signed(
+                self._session, "comm_msg", content, self._parent_bytes, self._topic
+            )
+            if self._send_direct is None or not self._send_direct(frames):
+                self._iopub.send_multipart(frames)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -13,6 +13,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 #: Bumped on any incompatible change to frames, metadata or message types.
@@ -34,6 +35,12 @@ MANAGED_ENV = "LEMON_EXEC_MANAGED"
 #: semantics; the public IOPub socket of the connection file drops for slow subscribers, so
 #: a viewer that stops reading can never stall a script (docs/inspection.md).
 HOST_IOPUB_ENV = "LEMON_EXEC_HOST_IOPUB"
+
+#: The address of the kernel's private reply channel (a PULL socket the kernel binds, the
+#: host's PUSH connects), given in the kernel's environment next to HOST_IOPUB_ENV. Replies
+#: sent there are read by a thread of their own in the kernel, as soon as they arrive; the
+#: control channel stays the path for hosts that do not set it (docs/comm-protocol.md §3).
+HOST_REPLY_ENV = "LEMON_EXEC_HOST_REPLY"
 
 #: How long the kernel waits for the host to acknowledge a frame that needs an answer
 #: (a ``call``'s ack or a ``text`` block's reply) before failing the helper: a bound on a
@@ -162,7 +169,7 @@ def text_frames(
     Pieces are cut between characters of ``text``, never inside a JSON escape.
     """
     if encoded_len is None:
-        encoded_len = len(json.dumps(text))
+        encoded_len = json_string_len(text)
     single = {"type": TEXT, "n": n, "token": token, "text": text}
     if frame_size_with_text(single, encoded_len) <= FRAME_CAP_BYTES:
         return [single]
@@ -174,7 +181,7 @@ def text_frames(
     while start < len(text):
         while True:
             piece = text[start : start + step]
-            size = len(json.dumps(piece))
+            size = json_string_len(piece)
             if size <= limit:
                 break
             # Shrink in proportion to the overshoot; always by at least one character (a
@@ -228,6 +235,80 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
         "metadata": session.unpack(frames[3]),
         "content": session.unpack(frames[4]),
     }
+
+
+#: Ends the routing frames of a Jupyter message (jupyter_client's DELIM).
+DELIM = b"<IDS|MSG>"
+
+#: Characters json.dumps escapes in an ASCII string; one without them encodes as itself.
+_JSON_ESCAPED = bytes([*range(32), 127]) + b'"\\'
+
+
+def json_string(text: str) -> str:
+    """``json.dumps(text)``, without the encoder's per-character pass for plain ASCII text.
+
+    Bridge text is mostly plain ASCII (the script's own result); such a string encodes as
+    itself between quotes, which a C-speed byte scan decides. Anything else is encoded.
+    """
+    if text.isascii():
+        raw = text.encode("ascii")
+        if len(raw.translate(None, _JSON_ESCAPED)) == len(raw):
+            return f'"{text}"'
+    return json.dumps(text)
+
+
+def json_string_len(text: str) -> int:
+    """``len(json.dumps(text))`` (what text() budgets charge), without building the string."""
+    if text.isascii():
+        raw = text.encode("ascii")
+        escaped = len(raw) - len(raw.translate(None, _JSON_ESCAPED))
+        if not escaped:
+            return len(raw) + 2
+    return len(json.dumps(text))
+
+
+def pack_signed(
+    session: Any,
+    msg_type: str,
+    content: bytes,
+    parent: bytes = b"{}",
+    ident: bytes | None = None,
+) -> list[bytes]:
+    """The wire frames of a signed Jupyter message whose content is already JSON.
+
+    What ``Session.serialize(Session.msg(...))`` makes, for the bridge's hot path: the
+    content is packed once by the caller (a text block's JSON is built from its string
+    directly), and ``parent`` is the cell's header, packed once per cell.
+    """
+    header = session.msg_header(msg_type)
+    header["date"] = datetime.now(timezone.utc).isoformat()
+    packed = json.dumps(header).encode()
+    parts = [packed, parent, b"{}", content]
+    signature = session.sign(parts) if session.auth is not None else b""
+    return [*([ident] if ident is not None else []), DELIM, signature, *parts]
+
+
+def comm_content(comm_id: str, frame: Any) -> bytes:
+    """The packed content of the ``comm_msg`` that carries ``frame`` (UTF-8 JSON).
+
+    A text frame's string is encoded once, by :func:`json_string`, and spliced in. Raises
+    UnicodeEncodeError for a lone surrogate (helper arguments must be valid text).
+    """
+    text = frame.get("text") if isinstance(frame, dict) else None
+    if not isinstance(text, str):
+        return pack_json({"comm_id": comm_id, "data": frame})
+    rest = {key: value for key, value in frame.items() if key != "text"}
+    head = pack_json({"comm_id": comm_id, "data": {**rest, "text": ""}})
+    # ``head`` ends with the empty text's quotes and the two closing braces.
+    return head[:-4] + json_string(text).encode("ascii", "strict") + b"}}"
+
+
+def pack_json(value: Any) -> bytes:
+    """JSON of a frame or reply as the bridge sends it: UTF-8, a lone surrogate refused.
+
+    Raises UnicodeEncodeError for a lone surrogate (helper arguments must be valid text).
+    """
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
 # -- cell setup: the execute_request metadata (host → kernel, §2) ---------------------------

@@ -1,0 +1,150 @@
+"""The bridge's fast path, piece by piece: frames packed once, sent past the IOPub thread only
+when nothing waits there, and replies read from the private reply channel.
+
+End-to-end behaviour (helpers that do not wait for a busy control or IOPub thread, output
+that stays before the frames sent after it) is in ``test_bridge.py``; these tests pin down
+the mechanisms with real zmq sockets on ipc, in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+from jupyter_client.session import Session
+
+from lemon_exec.kernel import cells, hostlink, protocol
+from lemon_exec.kernel.app import LocalIOPubThread
+
+pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture
+def context() -> Iterator[zmq.Context[Any]]:
+    ctx: zmq.Context[Any] = zmq.Context()
+    yield ctx
+    ctx.destroy(linger=0)
+
+
+def _pull(context: zmq.Context[Any], address: str) -> zmq.Socket[Any]:
+    socket = context.socket(zmq.PULL)
+    socket.setsockopt(zmq.RCVTIMEO, 5000)
+    socket.connect(address)
+    return socket
+
+
+def test_a_frame_never_overtakes_messages_waiting_in_the_iopub_thread(
+    context: zmq.Context[Any], short_tmp: Path
+) -> None:
+    session = Session(key=b"k" * 32)
+    public = context.socket(zmq.PUB)
+    public.bind(f"ipc://{short_tmp}/pub")
+    io = LocalIOPubThread(public, session=session)
+    address = f"ipc://{short_tmp}/host"
+    io.host_socket = context.socket(zmq.PUSH)
+    io.host_socket.bind(address)
+    host = _pull(context, address)
+    io.start()
+    try:
+        # Nothing queued: the frame goes out from this thread.
+        assert io.send_direct([b"direct"]) is True
+        assert host.recv_multipart() == [b"direct"]
+        # Output waiting behind a busy IO thread: the frame must queue behind it.
+        release = threading.Event()
+        io.io_loop.add_callback(release.wait, 5)
+        io.send_multipart([b"output"])
+        assert io.send_direct([b"frame"]) is False
+        io.send_multipart([b"frame"])
+        release.set()
+        assert host.recv_multipart() == [b"output"]
+        assert host.recv_multipart() == [b"frame"]
+        # Once the IO thread has caught up, the direct path is open again.
+        deadline = time.monotonic() + 5
+        while not io.send_direct([b"again"]):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert host.recv_multipart() == [b"again"]
+    finally:
+        io.stop()
+        io.close()
+        host.close(linger=0)
+
+
+class _Bridge:
+    def __init__(self, comm_id: str) -> None:
+        self.comm_id = comm_id
+        self.delivered: list[dict[str, Any]] = []
+
+    def deliver(self, reply: dict[str, Any]) -> bool:
+        self.delivered.append(reply)
+        return True
+
+
+def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_tmp: Path) -> None:
+    key = b"s" * 32
+    kernel_session, host_session = Session(key=key), Session(key=key)
+    address = f"ipc://{short_tmp}/replies"
+    # Its own context: the reader's socket is closed by its thread when the context ends
+    # (as the kernel's is at exit), never from another thread.
+    context: zmq.Context[Any] = zmq.Context()
+    hostlink.start_reply_reader(context, address, kernel_session)
+    push = context.socket(zmq.PUSH)
+    push.connect(address)
+    bridge = _Bridge("c" * 32)
+    saved = cells.STATE.bridge
+    cells.STATE.bridge = bridge  # type: ignore[assignment]
+    try:
+
+        def send(content: dict[str, Any], session: Session = host_session) -> None:
+            packed = json.dumps(content).encode()
+            push.send_multipart(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
+
+        send({"comm_id": "x" * 32, "id": 1, "ok": True, "content": "another cell's"})
+        send({"comm_id": bridge.comm_id, "id": 2, "ok": True, "content": "forged"}, Session())
+        send({"comm_id": bridge.comm_id, "id": 3, "ok": True, "content": "x\ud800y"})
+        deadline = time.monotonic() + 5
+        while not bridge.delivered:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        time.sleep(0.05)
+        # Unsigned (a session without the key) and foreign-cell replies are dropped.
+        assert bridge.delivered == [
+            {"comm_id": bridge.comm_id, "id": 3, "ok": True, "content": "x\ud800y"}
+        ]
+    finally:
+        cells.STATE.bridge = saved
+        push.close(linger=0)
+        context.term()  # returns once the reader thread has closed its socket
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["", "plain ascii", 'quote " and \\ backslash', "nul \x00 del \x7f", "é € 😀", "y" * 70_000],
+)
+def test_packed_frames_are_what_jupyter_would_send(text: str) -> None:
+    """pack_signed and comm_content make a message Session.deserialize accepts, with the
+    content json.dumps would give: the budgets both sides charge stay byte-exact."""
+    session = Session(key=b"k" * 32)
+    frame = {"type": "text", "n": 1, "token": "t" * 43, "text": text, "more": True}
+    content = protocol.comm_content("c" * 32, frame)
+    parent = session.pack({"msg_id": "p"})
+    wire = protocol.pack_signed(session, "comm_msg", content, parent, b"comm-x")
+    idents, parts = session.feed_identities(wire)
+    assert idents == [b"comm-x"]
+    msg = session.deserialize(parts)
+    assert msg["msg_type"] == "comm_msg"
+    assert msg["parent_header"] == {"msg_id": "p"}
+    assert msg["content"] == {"comm_id": "c" * 32, "data": frame}
+    assert protocol.json_string(text) == json.dumps(text)
+    assert protocol.json_string_len(text) == len(json.dumps(text))
+
+
+def test_a_lone_surrogate_in_call_params_is_refused_before_sending() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        protocol.comm_content("c", protocol.call_frame(1, "t", "read", {"path": "a\ud800"}))
