@@ -119,11 +119,39 @@ class EnterpriseGateway:
             return ""
 
 
+#: A kernelspec started the way a Kubernetes pod starts the kernel image: through the
+#: gateway's remote launcher protocol (lemon_exec/kernel/gateway_launcher.py), here by the
+#: distributed process proxy, which runs a loopback host's command without ssh.
+REMOTE_KERNEL_NAME = "lemon-python-remote"
+
+
 def write_kernelspec(data_dir: Path) -> None:
-    """The lemon-python kernelspec, run by this interpreter, under ``data_dir``."""
+    """The lemon-python kernelspecs, run by this interpreter, under ``data_dir``."""
     spec_dir = data_dir / "kernels" / KERNEL_NAME
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps(kernel_json(sys.executable)))
+    remote = {
+        "argv": [
+            sys.executable, "-m", "lemon_exec.kernel.gateway_launcher",
+            "--kernel-id", "{kernel_id}", "--port-range", "{port_range}",
+            "--response-address", "{response_address}", "--public-key", "{public_key}",
+            "--ip", "127.0.0.1",
+        ],
+        "display_name": "lemon-python (remote launcher)",
+        "language": "python",
+        "metadata": {
+            "lemon_protocol": 1,
+            "process_proxy": {
+                "class_name": (
+                    "enterprise_gateway.services.processproxies.distributed.DistributedProcessProxy"
+                ),
+                "config": {"remote_hosts": "127.0.0.1"},
+            },
+        },
+    }  # fmt: skip
+    spec_dir = data_dir / "kernels" / REMOTE_KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps(remote))
 
 
 @contextlib.contextmanager
