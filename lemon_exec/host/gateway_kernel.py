@@ -21,6 +21,7 @@ import contextlib
 import logging
 import secrets
 import signal
+import socket
 import time
 import uuid
 from datetime import UTC, datetime
@@ -65,6 +66,7 @@ class GatewayKernel:
         self.cgroup: KernelCgroup | None = None  # limits are the cluster's (docs/scale-out.md)
         self._gateway = gateway
         self._conn = conn
+        self._socket = _tcp_socket(conn)
         self._session = session  # the websocket's session_id, also in every header
         self._sinks: dict[str, MessageSink] = {}
         #: Why the kernel is gone (the websocket closed, the gateway said so), or None.
@@ -84,7 +86,11 @@ class GatewayKernel:
         """
         session = secrets.token_hex(16)
         conn = await client.connect_channels(gateway, kernel_id, session, timeout)
-        kernel = cls(gateway, kernel_id, conn, session)
+        try:
+            kernel = cls(gateway, kernel_id, conn, session)
+        except BaseException:
+            conn.close()
+            raise
         try:
             await asyncio.wait_for(kernel._ready(), timeout)
         except BaseException:
@@ -243,6 +249,7 @@ class GatewayKernel:
                 raw = await self._conn.read_message()
                 if raw is None:
                     break
+                _quickack(self._socket)
                 if len(raw) > MAX_MESSAGE_BYTES:
                     self._dropped(client.peek_channel(raw), _drop_note(len(raw)))
                 else:
@@ -328,3 +335,29 @@ def _drop_note(size: int) -> str:
         f"[a {format_size(size)} message from the kernel was dropped: over the "
         f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit]"
     )
+
+
+def _tcp_socket(conn: WebSocketClientConnection) -> socket.socket | None:
+    """The websocket's TCP socket, set to send small messages at once (no Nagle delay)."""
+    stream = getattr(conn.protocol, "stream", None)
+    sock = getattr(stream, "socket", None)
+    if not isinstance(sock, socket.socket):
+        return None
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _quickack(sock: socket.socket | None) -> None:
+    """Acknowledge what arrived at once (Linux; the flag does not stay set).
+
+    Jupyter Server's websocket leaves Nagle's algorithm on, so the gateway holds a small
+    message back until its previous one is acknowledged; with the usual delayed ACK
+    (40 ms) every cell would wait that long between its busy status and its reply.
+    """
+    if sock is not None and _QUICKACK is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, _QUICKACK, 1)
+
+
+_QUICKACK: int | None = getattr(socket, "TCP_QUICKACK", None)

@@ -59,10 +59,15 @@ def test_a_dropped_websocket_ends_the_call_as_a_crash(gateway: EnterpriseGateway
     proxy = CuttableProxy(int(gateway.url.rsplit(":", 1)[1]))
 
     async def body(ec: ExecuteCode) -> tuple[str, dict[str, Any], float]:
+        running = asyncio.Event()
         run = asyncio.ensure_future(
-            ec.run("import time\nprint('running', flush=True)\ntime.sleep(60)", timeout_ms=60_000)
+            ec.run(
+                "import time\nprint('running', flush=True)\ntime.sleep(60)",
+                timeout_ms=60_000,
+                on_output=lambda _chunk: running.set(),
+            )
         )
-        await asyncio.sleep(1.5)  # the kernel started and the script runs
+        await asyncio.wait_for(running.wait(), 30)  # the script runs: cut its websocket
         assert proxy.cut() >= 1
         started = time.monotonic()
         result = await asyncio.wait_for(run, 30)
@@ -77,7 +82,7 @@ def test_a_dropped_websocket_ends_the_call_as_a_crash(gateway: EnterpriseGateway
     assert content.startswith("Script exited with code -1"), content
     assert "the websocket to the gateway closed" in content
     assert details["state_retained"] is False
-    assert took < 5, took
+    assert took < 10, took  # at once, not the 60 s timeout (slack for a loaded CI)
     # The shutdown request still went through (a new connection): nothing is left running.
     assert gateway.wait_no_kernels() == set()
 

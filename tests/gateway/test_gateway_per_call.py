@@ -117,7 +117,7 @@ def test_a_timeout_interrupts_through_the_gateway_then_shuts_the_kernel_down(
     assert content.startswith("Script timed out after 1500ms."), content
     assert "sleeping" in content and "interrupted by the gateway" in content
     assert details["timed_out"] is True
-    assert took < 5, took
+    assert took < 10, took  # 1.5 s, then at most 0.5 s to report (slack for a loaded CI)
     assert gateway.wait_no_kernels() == set()
 
 
