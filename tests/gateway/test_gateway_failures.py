@@ -5,6 +5,9 @@ settings only a local kernel can honour (issue 16)."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -125,3 +128,42 @@ def test_local_only_settings_are_refused_with_a_gateway(
     assert content.startswith(f"execute_code: {words}"), content
     assert "nothing ran" in content and "never" not in content
     assert gateway.kernel_ids() == set()
+
+
+HOST_SCRIPT = """
+import asyncio, sys
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+
+async def main() -> None:
+    config = ExecuteCodeConfig(
+        enabled=True, kernel_mode="session", warm_kernels=0, python_path=sys.executable,
+        gateway_url=sys.argv[1], gateway_auth_token=sys.argv[2],
+    )
+    ec = ExecuteCode(config)
+    result = await ec.run("x = 1", scope=SessionScope("host-exit", "agent"))
+    print("ready" if result.details.get("exit_code") == 0 else result.content, flush=True)
+    await asyncio.sleep(120)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+def test_a_host_stopped_by_sigterm_deletes_its_gateway_kernels(gateway: EnterpriseGateway) -> None:
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST_SCRIPT, gateway.url, gateway.token],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert host.stdout is not None
+        assert host.stdout.readline().strip() == "ready"
+        assert len(gateway.kernel_ids()) == 1  # its session kernel
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(20) == -signal.SIGTERM
+    finally:
+        if host.poll() is None:
+            host.kill()
+            host.wait()
+    # The exit hook asked the gateway to delete the kernel before the host died.
+    assert gateway.wait_no_kernels(timeout=5) == set()
