@@ -84,3 +84,31 @@ def test_a_session_cell_waits_for_no_delayed_ack(
 
     median = asyncio.run(with_facade(gateway, body, kernel_mode="session"))
     assert median < 0.035, f"{median * 1000:.1f} ms"
+
+
+@pytest.mark.slow
+def test_eviction_and_reaping_stop_the_remote_kernels(
+    gateway: EnterpriseGateway, tmp_path: Path
+) -> None:
+    first = SessionScope("gw-lru-a", "agent", cwd=str(tmp_path))
+    second = SessionScope("gw-lru-b", "agent", cwd=str(tmp_path))
+
+    async def body(ec: ExecuteCode) -> None:
+        await ec.run("x = 'a'", scope=first)
+        await ec.run("x = 'b'", scope=second)  # max_live_kernels=1: evicts the first's kernel
+        assert len(await asyncio.to_thread(gateway.kernel_ids)) == 1
+        again = await ec.run("print(x)", scope=first)
+        assert again.content.startswith(lost_line("evicted")), again.content
+        # Left idle beyond kernel_idle_timeout_ms, the kernel is reaped on the gateway too.
+        ec.config.kernel_idle_timeout_ms = 500
+        deadline = time.monotonic() + 15
+        while await asyncio.to_thread(gateway.kernel_ids) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        assert await asyncio.to_thread(gateway.kernel_ids) == set()
+        assert ec.snapshot()["reaped_total"] >= 1
+
+    asyncio.run(
+        with_facade(
+            gateway, body, kernel_mode="session", max_live_kernels=1, kernel_idle_timeout_ms=4000
+        )
+    )
