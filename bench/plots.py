@@ -79,7 +79,12 @@ def _draw_sessions(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.plot(xs, [r["pss_mb"] for r in rows], "o-", label="total PSS")
     ax.plot(xs, [r["uss_mb"] for r in rows], "s--", label="total USS")
     if max(xs) >= 64:
-        ax.axhline(SESSIONS64_PSS_TARGET_MB, color="grey", linestyle=":", label="target at 64")
+        ax.axhline(
+            SESSIONS64_PSS_TARGET_MB,
+            color="grey",
+            linestyle=":",
+            label="issue 17 bound at 64 kernels",
+        )
     ax.set_ylim(bottom=0)
     ax.set_xlabel("live idle session kernels")
     ax.set_ylabel("MiB")
