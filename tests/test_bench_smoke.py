@@ -33,6 +33,8 @@ EXPECTED = (
     "helper_rtt_p50_ms",
     "batch_100_ms",
     "text_mb_per_s",
+    "file_bridge_rtt_ms",  # issue 17: the file-polling peer runs in the helpers group
+    "helper_vs_file_bridge",
 )
 
 
