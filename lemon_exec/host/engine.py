@@ -62,7 +62,7 @@ class Engine:
         self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
         self.backend: LocalBackend | GatewayBackend
         if config.gateway_url:  # kernels behind an Enterprise Gateway (docs/scale-out.md)
-            self.backend = GatewayBackend(config)
+            self.backend = GatewayBackend(config, spawn=self.spawn)
         else:
             self.backend = LocalBackend(
                 self.staging,

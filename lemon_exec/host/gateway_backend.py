@@ -14,11 +14,12 @@ the kernel image, the pod's limits), never silently dropped. See docs/scale-out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
 import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import RefusedError
@@ -29,6 +30,8 @@ from lemon_exec.host.gateway_kernel import REST_TIMEOUT_S, SYNC_DELETE_TIMEOUT_S
 from lemon_exec.host.kernelspec import KERNEL_NAME
 
 log = logging.getLogger(__name__)
+
+Spawn = Callable[[Coroutine[Any, Any, Any]], object]
 
 #: Settings whose non-default value the gateway backend refuses, and the refusal's reason.
 _LOCAL_ONLY = (
@@ -41,8 +44,9 @@ _LOCAL_ONLY = (
 class GatewayBackend:
     """Kernels started, interrupted and stopped through an Enterprise Gateway."""
 
-    def __init__(self, config: ExecuteCodeConfig) -> None:
+    def __init__(self, config: ExecuteCodeConfig, *, spawn: Spawn) -> None:
         self._config = config
+        self._spawn = spawn  # background work the engine waits for on close
         self.gateway = Gateway(config.gateway_url, config.gateway_auth_token)
         self.kernel_name = config.gateway_kernel_name or KERNEL_NAME
         #: Kernels asked for but not yet handed to the engine: deleted if the host exits.
@@ -86,12 +90,17 @@ class GatewayBackend:
             kernel = await GatewayKernel.open(self.gateway, kernel_id, remaining)
         except BaseException:
             # Never leave a kernel behind: it may have started although the answer was lost.
-            with contextlib.suppress(BaseException):
-                await client.delete_kernel(self.gateway, kernel_id, REST_TIMEOUT_S)
+            # In the background, so the failure is reported at once.
+            self._spawn(self._delete(kernel_id))
             raise
+        self._starting.discard(kernel_id)
+        return kernel
+
+    async def _delete(self, kernel_id: str) -> None:
+        try:
+            await client.delete_kernel(self.gateway, kernel_id, REST_TIMEOUT_S)
         finally:
             self._starting.discard(kernel_id)
-        return kernel
 
     async def interrupt(self, kernel: KernelHandle) -> None:
         kernel.interrupted_at = time.monotonic()

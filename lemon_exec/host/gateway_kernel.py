@@ -41,8 +41,12 @@ from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
-#: How long an interrupt or a shutdown request may take before it counts as failed.
-REST_TIMEOUT_S = 10.0
+#: How long an interrupt may take: the timeout's report waits for it (the kernel is
+#: shut down afterwards either way).
+INTERRUPT_TIMEOUT_S = 3.0
+#: How long a shutdown request may take (the gateway asks the kernel to exit, waits its
+#: shutdown_wait_time, then kills it; a pod may take longer to go).
+REST_TIMEOUT_S = 30.0
 #: The exit-time (blocking) shutdown request waits at most this long per kernel.
 SYNC_DELETE_TIMEOUT_S = 2.0
 #: Statuses only the gateway sends (its restarter saw the kernel process end).
@@ -131,7 +135,7 @@ class GatewayKernel:
         """SIGINT: the gateway interrupts the kernel (its process group); else shut it down."""
         if signum == signal.SIGINT:
             if not self._disposed and not await client.interrupt_kernel(
-                self._gateway, self.kernel_id, REST_TIMEOUT_S
+                self._gateway, self.kernel_id, INTERRUPT_TIMEOUT_S
             ):
                 log.warning("kernel %s: the gateway did not confirm an interrupt", self.kernel_id)
             return

@@ -4,7 +4,6 @@ table, reset, the queue, and a timeout's lost state, as locally."""
 from __future__ import annotations
 
 import asyncio
-import statistics
 import time
 from pathlib import Path
 
@@ -68,22 +67,24 @@ def test_a_session_cell_waits_for_no_delayed_ack(
     gateway: EnterpriseGateway, tmp_path: Path
 ) -> None:
     # Jupyter Server's websocket leaves Nagle's algorithm on: unless the host ACKs at once,
-    # every cell stalls for a delayed ACK (40 ms on Linux) between its busy status and its
-    # reply. A median under 35 ms (about 8 ms on loopback) shows no cell waits for one.
+    # every cell stalls for a delayed ACK (at least 40 ms on Linux) between its busy status
+    # and its reply. The fastest of a few cells (about 6 ms on loopback) shows that none
+    # has to wait for one; the fastest, not the median, so that a loaded machine's slow
+    # cells do not matter.
     scope = SessionScope("gw-rtt", "agent", cwd=str(tmp_path))
 
     async def body(ec: ExecuteCode) -> float:
         await ec.run("pass", scope=scope)
         times = []
-        for _ in range(9):
+        for _ in range(15):
             started = time.perf_counter()
             result = await ec.run("pass", scope=scope)
             times.append(time.perf_counter() - started)
             assert result.details["exit_code"] == 0, result.content
-        return statistics.median(times)
+        return min(times)
 
-    median = asyncio.run(with_facade(gateway, body, kernel_mode="session"))
-    assert median < 0.035, f"{median * 1000:.1f} ms"
+    fastest = asyncio.run(with_facade(gateway, body, kernel_mode="session"))
+    assert fastest < 0.035, f"{fastest * 1000:.1f} ms"
 
 
 @pytest.mark.slow
