@@ -76,6 +76,14 @@ class ChunkedStream(io.TextIOBase):
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
+    def __del__(self) -> None:
+        # No flush when collected (io's finalizer would close, and so flush). It forms a
+        # cycle with its ``buffer``, so the collector may free it in the middle of a later
+        # cell's write to the OutStream, which holds the stream's lock: a flush from there
+        # waits for the IO thread, which waits for that lock (a deadlock). The kernel
+        # flushes it when the cell ends; an explicit close() still flushes.
+        pass
+
 
 class BoundedOutStream(OutStream):
     """ipykernel's OutStream with two changes for scripts.
@@ -192,6 +200,9 @@ class _BytesToText(io.RawIOBase):
 
     def flush(self) -> None:
         self._text.flush()
+
+    def __del__(self) -> None:
+        pass  # no flush when collected: see ChunkedStream.__del__
 
 
 def _pending_bytes(fd: int) -> int:
