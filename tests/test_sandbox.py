@@ -4,6 +4,10 @@ Every escape test here succeeds against an unsandboxed kernel (the script has th
 user's authority there): run the module with ``LEMON_TEST_SANDBOX=none`` to watch them fail.
 The helpers, which run on the host, must keep working from inside.
 
+The escape tests run twice: against kernels forked from the sandboxed fork-server template
+(each confines itself after the fork, lemon_exec.kernel.isolate; every run checks that its
+kernel was forked) and against kernels started cold under bwrap (fork_server off).
+
 bubblewrap must be installed (``.ci/run`` installs it); a missing bwrap fails these tests.
 """
 
@@ -23,7 +27,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from support import enabled_config, mcp_call_execute_code
@@ -37,6 +41,15 @@ pytestmark = pytest.mark.timeout(90)
 #: "none" shows that every escape test fails without the sandbox.
 SANDBOX = os.environ.get("LEMON_TEST_SANDBOX", "bwrap")
 SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted-for-the-sandbox-test"
+#: Prints FORKED when the kernel running it was forked from a fork-server template: its
+#: parent is then the template (unsandboxed) or its namespace's init, a copy of the template.
+FORKED_EXPR = (
+    "('FORKED' if b'lemon_exec.kernel.forkserver' in open("
+    "'/proc/%d/cmdline' % __import__('os').getppid(), 'rb').read() else 'COLD')"
+)
+FORKED_PROBE = f"print('KERNEL:', {FORKED_EXPR})\n"
+#: Both ways a sandboxed kernel starts, for the escape tests.
+BOTH = pytest.mark.parametrize("world", ["forked", "cold"], indirect=True)
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
@@ -47,8 +60,9 @@ def make_config(**overrides: Any) -> ExecuteCodeConfig:
 class World:
     """A temporary HOME with a planted key, a project directory (the cwd) and a facade."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, mode: str) -> None:
         self.root = root
+        self.mode = mode
         self.home = root / "home"
         (self.home / ".ssh").mkdir(parents=True)
         (self.home / ".ssh" / "id_rsa").write_text(SECRET)
@@ -60,25 +74,51 @@ class World:
         self.private.mkdir()
         (self.private / "data.txt").write_text("only through the helpers\n")
         hidden = [*ExecuteCodeConfig().sandbox_hidden, str(self.private)]
-        # fork_server off: what the unsandboxed control runs like (sandboxed kernels start
-        # cold either way).
-        self.tool = ExecuteCode(make_config(sandbox_hidden=hidden, fork_server=False))
+        forked = mode == "forked"
+        self.tool = ExecuteCode(make_config(sandbox_hidden=hidden, fork_server=forked))
 
     def run(self, script: str) -> str:
-        result = self.tool.run_sync(script)
+        """Run ``script`` in a per-call kernel, which must have started the world's way."""
+        result = self.tool.run_sync(script + "\n" + FORKED_PROBE)
         assert result.details.get("exit_code") == 0, result.content
+        assert f"KERNEL: {self.mode.upper()}" in result.content, result.content
         return result.content
 
 
+def wait_forked(tool: ExecuteCode, scope: SessionScope | None = None) -> None:
+    """Wait until kernels come from the fork-server template (they start cold until it is
+    ready), and check that the next one in ``scope`` does. Per-call spares started from
+    then on are forked too; a session's kernel is forked when the session starts after."""
+    tool.run_sync("pass", scope=SessionScope("lsb-warm-up"))  # starts the template
+    assert tool._engine is not None
+    backend = cast(Any, tool._engine.backend)
+    deadline = time.monotonic() + 60
+    while not any(s.ready for s in backend._forkservers.values()):
+        assert time.monotonic() < deadline, "the sandboxed template never became ready"
+        time.sleep(0.05)
+    out = ""
+    while time.monotonic() < deadline:  # a per-call spare started before may be cold
+        out = tool.run_sync(FORKED_PROBE, scope=scope).content
+        if "KERNEL: FORKED" in out:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no kernel was forked from the sandboxed template: {out}")
+
+
 @pytest.fixture(scope="module")
-def world() -> Iterator[World]:
+def world(request: pytest.FixtureRequest) -> Iterator[World]:
+    """A World whose per-call kernels are forked from the template ("forked", the default
+    path) or started cold under bwrap ("cold")."""
+    mode = getattr(request, "param", "forked")
     root = Path(tempfile.mkdtemp(prefix="lsb-", dir="/var/tmp"))  # outside /tmp and the cwd
     saved_home, saved_cwd = os.environ.get("HOME"), os.getcwd()
     os.environ["HOME"] = str(root / "home")
     made: World | None = None
     try:
-        made = World(root)
+        made = World(root, mode)
         os.chdir(made.project)  # per-call kernels' view: the host's working directory
+        if mode == "forked":
+            wait_forked(made.tool)
         yield made
     finally:
         if made is not None:
@@ -101,6 +141,7 @@ def attempt(action: str) -> str:
     )
 
 
+@BOTH
 def test_planted_ssh_key_is_hidden(world: World) -> None:
     out = world.run(
         attempt("open(os.path.expanduser('~/.ssh/id_rsa')).read()").replace(
@@ -115,6 +156,7 @@ def test_planted_ssh_key_is_hidden(world: World) -> None:
     assert SECRET not in out
 
 
+@BOTH
 def test_writes_land_only_in_the_cwd_and_private_tmp(world: World) -> None:
     outside = world.root / "outside.txt"
     out = world.run(attempt(f"open({str(outside)!r}, 'w').write('escaped')"))
@@ -130,6 +172,7 @@ def test_writes_land_only_in_the_cwd_and_private_tmp(world: World) -> None:
     assert not Path("/tmp", marker).exists()
 
 
+@BOTH
 def test_host_loopback_service_is_unreachable(world: World) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
@@ -158,6 +201,7 @@ def test_host_loopback_service_is_unreachable(world: World) -> None:
         thread.join(5)
 
 
+@BOTH
 def test_host_pid_cannot_be_signalled_or_seen(world: World) -> None:
     host = os.getpid()
     out = world.run("import os\n" + attempt(f"os.kill({host}, 0)"))
@@ -168,6 +212,7 @@ def test_host_pid_cannot_be_signalled_or_seen(world: World) -> None:
     assert "NOT" in out
 
 
+@BOTH
 def test_another_kernels_connection_file_is_unreadable(world: World) -> None:
     other = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
     try:
@@ -217,6 +262,7 @@ def _wait_gone(token: str, within: float = 5.0) -> list[int]:
     return left
 
 
+@BOTH
 @pytest.mark.parametrize("ending", ["returns", "kernel_killed"])
 def test_setsid_daemon_does_not_outlive_the_call(world: World, ending: str) -> None:
     # Unsandboxed, a kernel that dies of SIGKILL (here: its own script kills it) leaves its
@@ -240,29 +286,39 @@ def test_setsid_daemon_does_not_outlive_the_call(world: World, ending: str) -> N
 
 
 HOST = """
-import sys
+import sys, time
 from pathlib import Path
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from lemon_exec.host import forkserver
+fork = sys.argv[3] == "forked"
 tool = ExecuteCode(ExecuteCodeConfig(
     enabled=True, warm_kernels=0, python_path=sys.executable, sandbox=sys.argv[1],
-    fork_server=False, timeout_ms=600_000,
+    fork_server=fork, timeout_ms=600_000,
 ))
+if fork:  # the script's kernel is then forked from the (sandboxed) template
+    tool.run_sync("pass")
+    deadline = time.monotonic() + 60
+    while not any(s.ready for s in forkserver.servers()) and time.monotonic() < deadline:
+        time.sleep(0.05)
 tool.run_sync(Path(sys.argv[2]).read_text())
 """
 
 
 @pytest.mark.slow
-def test_killed_host_takes_its_sandboxes_along(world: World) -> None:
+@pytest.mark.parametrize("start", ["forked", "cold"])
+def test_killed_host_takes_its_sandboxes_along(world: World, start: str) -> None:
     token = f"{uuid.uuid4().int % 10**6 + 10**6}"
     ready = world.project / f"ready-{token}"
     script = world.project / f"daemon-{token}.py"
     script.write_text(
         "import subprocess, time\n"
         f"subprocess.Popen(['sleep', '{token}'], start_new_session=True)\n"
-        f"open({str(ready)!r}, 'w').close()\n"
-        "time.sleep(1000)\n"
+        + f"open({str(ready)!r}, 'w').write({FORKED_EXPR})\n"
+        + "time.sleep(1000)\n"
     )
-    host = subprocess.Popen([sys.executable, "-c", HOST, SANDBOX, str(script)], cwd=world.project)
+    host = subprocess.Popen(
+        [sys.executable, "-c", HOST, SANDBOX, str(script), start], cwd=world.project
+    )
     below: list[int] = []
     try:
         deadline = time.monotonic() + 60
@@ -270,7 +326,12 @@ def test_killed_host_takes_its_sandboxes_along(world: World) -> None:
             assert host.poll() is None, "the host exited early"
             time.sleep(0.05)
         assert ready.exists()
-        below = supervise.descendants(host.pid)  # bwrap, its init, the kernel, the daemon
+        deadline = time.monotonic() + 5
+        while not ready.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert start.upper() in ready.read_text()
+        # bwrap, its init, the kernel, the daemon (forked: and the template, its bwrap)
+        below = supervise.descendants(host.pid)
         assert len(below) >= 3 if SANDBOX == "bwrap" else below
         host.kill()
         host.wait(10)
@@ -300,6 +361,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
+@BOTH
 def test_helpers_still_reach_the_host(world: World) -> None:
     hidden = world.private / "data.txt"
     out = world.run(
@@ -312,6 +374,7 @@ def test_helpers_still_reach_the_host(world: World) -> None:
     assert "notes.txt" in out
 
 
+@BOTH
 def test_interrupt_and_timeout_still_work(world: World) -> None:
     result = world.tool.run_sync(
         "import time\nprint('start', flush=True)\ntime.sleep(60)", timeout_ms=1500
@@ -525,6 +588,7 @@ def test_the_longest_allowed_tmpdir_still_fits_the_sandboxed_sockets(
         shutil.rmtree(parent, ignore_errors=True)
 
 
+@BOTH
 def test_a_per_call_run_sees_its_own_working_directory(world: World) -> None:
     """A sandbox's view is fixed when its kernel starts, so spares are kept per directory: a
     per-call run whose scope names another directory reads and writes there, not in the
@@ -578,3 +642,170 @@ def test_an_interpreter_and_package_under_tmp_are_bound_back(tmp_path: Path) -> 
         assert bound_again == package.is_relative_to("/tmp"), mounts
     finally:
         shutil.rmtree(venv, ignore_errors=True)
+
+
+# -- the fork server inside the sandbox --------------------------------------------------------
+
+
+def _template_of(tool: ExecuteCode) -> tuple[int, list[Any]]:
+    """The PID of the tool's sandboxed template (bwrap's child) and its live kernels."""
+    engine = tool._engine
+    assert engine is not None
+    servers = [s for s in cast(Any, engine.backend)._forkservers.values() if s.ready]
+    assert len(servers) == 1, "no ready fork server"
+    server = servers[0]
+    assert server.sandboxed == (SANDBOX == "bwrap")
+    below = supervise.children(server.pid)  # bwrap's one child is the template
+    template = below[0] if SANDBOX == "bwrap" else server.pid
+    return template, list(engine._live)
+
+
+def _parent(pid: int) -> int:
+    return int(Path("/proc", str(pid), "stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_sandboxed_kernels_and_spares_are_forked_from_the_template(world: World) -> None:
+    """Per-call kernels and the warm spare (world.tool keeps one) are the template's
+    children, and each is confined: its /proc shows only its own namespace."""
+    out = world.run(
+        "import os\nprint('PROCS:', sorted(p for p in os.listdir('/proc') if p.isdigit()))"
+    )
+    assert "PROCS: ['1', '2'" in out or SANDBOX == "none", out
+    deadline = time.monotonic() + 30
+    parents: dict[int, int] = {}
+    while not parents and time.monotonic() < deadline:  # the spare replacing the one used
+        template, kernels = _template_of(world.tool)
+        for kernel in kernels:  # the used kernel may be going away meanwhile: left out
+            with contextlib.suppress(OSError, TypeError):
+                parents[kernel.pid] = _parent(kernel.pid)
+        time.sleep(0.1)
+    assert parents, "no warm spare"
+    assert set(parents.values()) == {template}, (parents, template)
+
+
+def test_two_kernels_forked_from_one_template_cannot_reach_each_other(world: World) -> None:
+    tool = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
+    a, b = SessionScope("lsb-fork-a"), SessionScope("lsb-fork-b")
+    own = (
+        "import os\nfrom ipykernel.connect import get_connection_file\n"
+        "print('CONN:', get_connection_file())\n"
+        "open('/tmp/lsb-' + SESSION, 'w').close()\n"
+    )
+    try:
+        wait_forked(tool, a)
+        assert "KERNEL: FORKED" in tool.run_sync(FORKED_PROBE, scope=b).content
+        conn = {}
+        for scope in (a, b):
+            mine = own.replace("SESSION", repr(scope.session_id))
+            out = tool.run_sync(mine, scope=scope).content
+            conn[scope.session_id] = out.split("CONN:", 1)[1].split()[0]
+        template, kernels = _template_of(tool)
+        by_file = {k.connection_file: k for k in kernels}
+        assert set(conn.values()) <= set(by_file), (conn, list(by_file))
+        for path in conn.values():  # both from the one template
+            assert _parent(by_file[path].pid) == template
+        other = by_file[conn[b.session_id]]
+        other_pids = [other.pid, *supervise.descendants(other.pid)]
+        work = tool._engine.staging.work_dir  # type: ignore[union-attr]
+        script = (
+            "import os\n"
+            + attempt(f"open({conn[b.session_id]!r}).read()")
+            + attempt(f"os.listdir({os.path.dirname(conn[b.session_id])!r})")
+            + attempt(f"os.listdir({str(work)!r})")
+            + attempt("os.listdir('/tmp')")
+            + "".join(attempt(f"os.kill({pid}, 0)") for pid in other_pids)
+            + "".join(attempt(f"os.listdir('/proc/{pid}/root')") for pid in other_pids)
+        )
+        out = tool.run_sync(script, scope=a).content
+        assert '"key"' not in out and "BLOCKED: FileNotFoundError" in out, out
+        lines = [line for line in out.splitlines() if line.startswith(("OK:", "BLOCKED:"))]
+        # Its own /tmp holds its own file, not the other kernel's.
+        listings = [line for line in lines if line.startswith("OK:")]
+        assert len(listings) == 1 and "lsb-lsb-fork-a" in listings[0], out
+        assert "lsb-lsb-fork-b" not in out, out
+        assert out.count("BLOCKED: ProcessLookupError") == len(other_pids), out
+        # Its connection file, its directory, the workspaces, the other's /proc entries.
+        assert out.count("BLOCKED: FileNotFoundError") == 3 + len(other_pids), out
+    finally:
+        tool.close()
+
+
+def test_kernels_die_with_their_template(world: World) -> None:
+    tool = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
+    scope = SessionScope("lsb-template-dies")
+    try:
+        wait_forked(tool, scope)
+        template, kernels = _template_of(tool)
+        kernels = [k for k in kernels if _parent(k.pid) == template]  # not the warm-up's
+        tree = [p for k in kernels for p in (k.pid, *supervise.descendants(k.pid))]
+        assert len(tree) >= 3 if SANDBOX == "bwrap" else tree  # outer, init, kernel
+        os.kill(template, signal.SIGKILL)
+        deadline = time.monotonic() + 3.0
+        while [p for p in tree if _running(p)] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not [p for p in tree if _running(p)]
+        # The session hears its kernel was killed; then it runs in a new kernel.
+        result = tool.run_sync("print(6 * 7)", scope=scope)
+        if "42" not in result.content:
+            assert result.details.get("exit_code") == -9, result.content
+            result = tool.run_sync("print(6 * 7)", scope=scope)
+        assert "42" in result.content, result.content
+    finally:
+        tool.close()
+
+
+def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) -> None:
+    """A plain fork request (no sandbox of its own) is refused by a sandboxed template: the
+    host then starts that kernel cold under bwrap, never in the template's open view."""
+    import asyncio
+
+    from lemon_exec.host.forkserver import ForkServer
+
+    if SANDBOX == "none":
+        pytest.fail("needs the sandbox")
+
+    async def plain_request(sandbox: Any) -> str:
+        server = ForkServer(
+            "lsb-probe", sys.executable, dict(os.environ), os.getcwd(), sandbox=sandbox
+        )
+        try:
+            await server.start()
+            assert await server.wait_ready()
+            try:
+                await server.fork(["-f", "/nonexistent.json"], dict(os.environ), "/", None)
+            except OSError as exc:
+                return str(exc)
+            return "forked"
+        finally:
+            await server.aclose()
+
+    tool = ExecuteCode(make_config(warm_kernels=0))
+    try:
+        wait_forked(tool)
+        engine = tool._engine
+        assert engine is not None
+        sandbox = cast(Any, engine.backend)._template_sandbox(sys.executable)
+        assert sandbox is not None
+        refused = asyncio.run(plain_request(sandbox))
+    finally:
+        tool.close()
+    assert "forks only kernels with a sandbox" in refused, refused
+
+
+def test_isolation_options_are_never_weaker_than_bwraps() -> None:
+    from lemon_exec.kernel import isolate
+
+    staging = Path("/tmp/lemon-exec-x")
+    argv = [*_argv(Path("/var/tmp"), staging), sys.executable, "-m", "lemon_exec.kernel"]
+    split = sandboxes.split_kernel_argv(argv)
+    assert split is not None and split[1] == [sys.executable, "-m", "lemon_exec.kernel"]
+    plan = isolate.parse(split[0])
+    assert not plan.network and plan.chdir == "/var/tmp"
+    assert ("proc", "", "/proc") in plan.mounts and ("tmpfs", "", str(staging)) in plan.mounts
+    for required in ("--unshare-pid", "--unshare-ipc", "--die-with-parent"):
+        weaker = [o for o in split[0] if o != required]
+        with pytest.raises(isolate.IsolationError):
+            isolate.parse(weaker)
+    with pytest.raises(isolate.IsolationError):
+        isolate.parse([*split[0], "--share-net"])
+    assert sandboxes.split_kernel_argv([sys.executable, "-m", "lemon_exec.kernel"]) is None

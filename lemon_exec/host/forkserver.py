@@ -26,6 +26,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
@@ -41,13 +42,27 @@ _REQUEST_TIMEOUT_S = 5.0
 #: Fork servers by id, so the provisioner (built by jupyter_client) can find its server.
 _SERVERS: dict[str, ForkServer] = {}
 
+#: (sandbox options, kernel argv) of a sandboxed kernel's argv, None for one it cannot fork.
+SplitSandbox = Callable[[list[str]], "tuple[list[str], list[str]] | None"]
+
 
 class ForkServer:
     """One template process for one interpreter and environment."""
 
-    def __init__(self, server_id: str, interpreter: str, env: dict[str, str], cwd: str) -> None:
+    def __init__(
+        self,
+        server_id: str,
+        interpreter: str,
+        env: dict[str, str],
+        cwd: str,
+        *,
+        sandbox: tuple[list[str], list[str], SplitSandbox] | None = None,
+    ) -> None:
         self.server_id = server_id
         self.interpreter = interpreter
+        #: Sandboxed (lemon_exec.host.sandbox): the template's launcher, the options of a
+        #: probe kernel it must confine before it says ready, and how a kernel's argv splits.
+        self._sandbox = sandbox
         self._env = env
         self._cwd = cwd
         self._proc: subprocess.Popen[bytes] | None = None
@@ -73,17 +88,16 @@ class ForkServer:
         """Launch the template and read its messages in the background."""
         self.started = True
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        argv = [self.interpreter, "-m", "lemon_exec.kernel.forkserver"]
+        argv += ["--fd", str(child_sock.fileno())]
+        if self._sandbox is None:
+            argv += ["--host-pid", str(os.getpid())]
+        else:  # its parent is bwrap, which dies with us; its kernels confine themselves
+            launcher, probe, _ = self._sandbox
+            argv = [*launcher, *argv, "--isolate-probe", json.dumps(probe)]
         try:
             self._proc = subprocess.Popen(
-                [
-                    self.interpreter,
-                    "-m",
-                    "lemon_exec.kernel.forkserver",
-                    "--fd",
-                    str(child_sock.fileno()),
-                    "--host-pid",
-                    str(os.getpid()),
-                ],
+                argv,
                 pass_fds=(child_sock.fileno(),),
                 env=self._env,
                 cwd=self._cwd,
@@ -108,6 +122,20 @@ class ForkServer:
     @property
     def cwd(self) -> str:
         return self._cwd
+
+    @property
+    def sandboxed(self) -> bool:
+        """Whether the template runs in the sandbox and forks only self-confining kernels."""
+        return self._sandbox is not None
+
+    def split_sandbox(self, argv: list[str]) -> tuple[list[str], list[str]] | None:
+        """(sandbox options, kernel argv) of a sandboxed kernel's argv, None if unforkable."""
+        return None if self._sandbox is None else self._sandbox[2](argv)
+
+    @property
+    def kernels(self) -> int:
+        """How many kernels it forked still run (a retired template goes once none do)."""
+        return len(self._children)
 
     @property
     def ready(self) -> bool:
@@ -181,9 +209,16 @@ class ForkServer:
                 log.warning("fork server: could not have kernel %d killed", pid)
 
     async def fork(
-        self, argv: list[str], env: dict[str, str], cwd: str, stderr_fd: int | None
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: str,
+        stderr_fd: int | None,
+        isolate: list[str] | None = None,
     ) -> int:
         """Ask the template for a kernel; returns the child's pid.
+
+        ``isolate``: the bwrap options of the sandbox the child builds for itself first.
 
         Raises ``TimeoutError`` when the template does not answer within
         ``_REQUEST_TIMEOUT_S`` and ``OSError`` when it could not fork. A request that times
@@ -191,7 +226,10 @@ class ForkServer:
         """
         assert self._sock is not None
         req = next(self._request_ids)
-        payload = json.dumps({"req": req, "argv": argv, "env": env, "cwd": cwd}).encode() + b"\n"
+        request: dict[str, Any] = {"req": req, "argv": argv, "env": env, "cwd": cwd}
+        if isolate is not None:
+            request["isolate"] = isolate
+        payload = json.dumps(request).encode() + b"\n"
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req] = waiter
         try:
@@ -320,18 +358,27 @@ class ForkServerProvisioner(LocalProvisioner):
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
         server = _SERVERS.get(self.server_id)
+        isolate: list[str] | None = None
+        argv = cmd
+        if server is not None and server.sandboxed:
+            # Only a kernel whose sandbox the child can build itself is forked: the rest
+            # start cold under bwrap, never unconfined in the template's view.
+            split = server.split_sandbox(cmd)
+            isolate, argv = split if split is not None else (None, [])
         if (
             server is None
             or not server.ready
-            or len(cmd) < 3
-            or cmd[1:3] != ["-m", "lemon_exec.kernel"]
+            or len(argv) < 3
+            or argv[1:3] != ["-m", "lemon_exec.kernel"]
         ):
             return await super().launch_kernel(cmd, **kwargs)
         env = kwargs.get("env") or dict(os.environ)
         cwd = str(kwargs.get("cwd") or os.getcwd())
         stderr = kwargs.get("stderr")
         try:
-            pid = await server.fork(cmd[3:], env, cwd, stderr if isinstance(stderr, int) else None)
+            pid = await server.fork(
+                argv[3:], env, cwd, stderr if isinstance(stderr, int) else None, isolate
+            )
         except OSError as exc:  # no answer in time, or no fork: an ordinary launch instead
             log.warning("execute_code: fork server failed (%s); starting the kernel cold", exc)
             return await super().launch_kernel(cmd, **kwargs)

@@ -6,9 +6,11 @@ interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s
 are forked from it instead of started cold; until then they start the ordinary way, so the
 fork server never delays a start.
 
-Under a sandbox (:mod:`lemon_exec.host.sandbox`) every kernel is its own bubblewrap
-sandbox, started cold (a shared template would share one sandbox, and with it every
-kernel's sockets); the warm spares keep that start off a call's path.
+Under a sandbox (:mod:`lemon_exec.host.sandbox`) the template runs inside bubblewrap too,
+and every kernel it forks builds its own sandbox before any of its code runs
+(:mod:`lemon_exec.kernel.isolate`): the same view, PID, mount, IPC and network namespaces
+as a kernel started cold under bwrap, which is what kernels do until the template is ready
+(or where it cannot confine its children).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from lemon_exec.errors import RefusedError
 from lemon_exec.host import cell as cells
 from lemon_exec.host import sandbox as sandboxes
 from lemon_exec.host.backend import KernelHandle
@@ -59,7 +62,9 @@ class LocalBackend:
         self._limiter = Limiter(limits or LimitSpec())
         self._cgroups: dict[KernelHandle, KernelCgroup | None] = {}
         self._sandbox = sandbox if sandbox is not None and sandbox.enabled else None
-        self._use_fork_server = fork_server and self._sandbox is None
+        self._use_fork_server = fork_server and (
+            self._sandbox is None or sandboxes.forked_kernels_supported()
+        )
         self._spawn = spawn  # background work the engine waits for on close
         self._forkservers: dict[str, ForkServer] = {}
         #: The startup variables (see _startup_env) each fork server was started with.
@@ -167,13 +172,49 @@ class LocalBackend:
             self._spawn(server.aclose())
             if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
                 return None
+        sandbox = self._template_sandbox(interpreter)
+        if self._sandbox is not None and sandbox is None:
+            return None  # no bwrap: start() refuses with the fix
         server = ForkServer(
-            f"{os.getpid()}-{next(_SERVER_IDS)}", interpreter, env, str(self._staging.work_dir)
+            f"{os.getpid()}-{next(_SERVER_IDS)}",
+            interpreter,
+            env,
+            str(self._staging.work_dir),
+            sandbox=sandbox,
         )
         self._forkserver_env[interpreter] = _startup_env(env)
         self._forkservers[interpreter] = server
         self._spawn(server.start())
         return server
+
+    def _template_sandbox(
+        self, interpreter: str
+    ) -> tuple[list[str], list[str], Callable[[list[str]], Any]] | None:
+        """A sandboxed template's launcher, probe-kernel options and argv splitter (None:
+        no sandbox, or bwrap is missing)."""
+        spec = self._sandbox
+        if spec is None:
+            return None
+        try:
+            bwrap = sandboxes.require(spec)
+        except RefusedError:
+            return None
+        runtime = self._staging.runtime_dir
+        # The probe: a kernel view like any other (its own directory: the runtime one).
+        probe = sandboxes.kernel_argv_prefix(
+            spec,
+            bwrap=bwrap,
+            cwd=runtime,
+            kernel_dir=runtime,
+            staging_root=self._staging.path,
+            pypath=self._staging.path / "pypath",
+            runtime=sandboxes.runtime_paths(interpreter),
+        )
+        split = sandboxes.split_kernel_argv([*probe, interpreter])
+        if split is None:
+            return None
+        launcher = sandboxes.template_argv_prefix(spec, bwrap=bwrap)
+        return launcher, split[0], sandboxes.split_kernel_argv
 
     def emergency_cleanup(self) -> None:
         for server in [*self._forkservers.values(), *self._retired]:

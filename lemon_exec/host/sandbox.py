@@ -44,6 +44,8 @@ _INSTALL_HINT = (
     "install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
     'bubblewrap) or set sandbox = "none" (LEMON_EXECUTE_CODE_SANDBOX=none)'
 )
+#: Runs bwrap with SIGINT ignored (see the module docstring); "$@" is bwrap and its args.
+_LAUNCHER = ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "lemon-sandbox"]
 #: bwrap's own smoke test may take this long on a loaded machine.
 _PROBE_TIMEOUT_S = 10.0
 
@@ -181,7 +183,47 @@ def kernel_argv_prefix(
     # jupyter_client names the host here; its PID means nothing in the new namespace.
     args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
     # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
-    return ["/bin/sh", "-c", 'trap "" INT; exec "$@"', "lemon-sandbox", bwrap, *args, "--"]
+    return [*_LAUNCHER, bwrap, *args, "--"]
+
+
+def template_argv_prefix(spec: SandboxSpec, *, bwrap: str) -> list[str]:
+    """The argv that runs a fork-server template in the sandbox its kernels are forked from.
+
+    The template sees the host's filesystem as the host does (it never runs a script) and
+    holds ``CAP_SYS_ADMIN`` in a user namespace of its own, nowhere else: each kernel it forks
+    builds its own sandbox from :func:`kernel_argv_prefix`'s options before any of its code
+    runs (:mod:`lemon_exec.kernel.isolate`). Its PIDs are the host's, so the host signals,
+    limits and waits for forked kernels as it does unsandboxed ones.
+    """
+    args = ["--dev-bind", "/", "/", "--unshare-user", "--cap-add", "CAP_SYS_ADMIN"]
+    args += ["--unshare-ipc", "--die-with-parent"]
+    if not spec.network:
+        args += ["--unshare-net"]
+    return [*_LAUNCHER, bwrap, *args, "--"]
+
+
+def split_kernel_argv(argv: list[str]) -> tuple[list[str], list[str]] | None:
+    """(bwrap options, kernel argv) of a sandboxed kernel's argv (from
+    :func:`kernel_argv_prefix`), when a forked kernel can build that sandbox itself; else
+    None (the kernel then starts cold, under bwrap)."""
+    from lemon_exec.kernel import isolate
+
+    if argv[: len(_LAUNCHER)] != _LAUNCHER or "--" not in argv:
+        return None
+    end = argv.index("--")
+    options, kernel = argv[len(_LAUNCHER) + 1 : end], argv[end + 1 :]
+    try:
+        isolate.parse(options)
+    except isolate.IsolationError:
+        return None
+    return options, kernel
+
+
+def forked_kernels_supported() -> bool:
+    """Whether kernels can be forked into their sandboxes here (Linux, a known CPU)."""
+    from lemon_exec.kernel import isolate
+
+    return isolate.supported()
 
 
 def runtime_paths(interpreter: str) -> tuple[Path, ...]:

@@ -54,6 +54,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m lemon_exec.kernel.forkserver")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--host-pid", type=int, default=0)
+    # Sandboxed (lemon_exec.kernel.isolate): the bwrap options of a probe kernel, confined
+    # once before "ready"; every kernel then confines itself, and nothing else is forked.
+    parser.add_argument("--isolate-probe", default=None)
     args = parser.parse_args()
     # Import everything a kernel needs now, in the template, so children start warm.
     from lemon_exec.kernel.lean import skip_optional_modules
@@ -69,7 +72,10 @@ def main() -> None:
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # stop through serve()'s cleanup
     supervise.become_subreaper()
     sock = socket.socket(fileno=args.fd)
+    if args.isolate_probe is not None and not _probe_isolation(json.loads(args.isolate_probe)):
+        sys.exit(1)  # never "ready": the host starts its sandboxed kernels cold instead
     template = _Template(sock, args.host_pid or os.getppid())
+    template.isolated = args.isolate_probe is not None
     try:
         with contextlib.suppress(OSError):  # the host closed the socket: time to go
             template.serve()
@@ -79,6 +85,20 @@ def main() -> None:
 
 def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
     raise SystemExit(0)
+
+
+def _probe_isolation(options: list[str]) -> bool:
+    """Whether a child can confine itself here (user namespaces, mounts, a fresh /proc)."""
+    from lemon_exec.kernel import isolate
+
+    template = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            isolate.enter(isolate.parse(options), template)
+        finally:
+            os._exit(0 if os.getpid() == 2 else 1)  # the confined kernel is PID 2
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
 
 class _Template:
@@ -92,6 +112,8 @@ class _Template:
         self.host_fd = _pidfd(self.host)
         self.root = Path.cwd().parent  # the host starts us in <staging root>/work
         self.selector = selectors.DefaultSelector()
+        #: Every kernel confines itself (a request without its sandbox is refused).
+        self.isolated = False
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
@@ -151,6 +173,8 @@ class _Template:
         try:
             if not isinstance(request, dict):
                 raise ValueError("a request must be a JSON object")
+            if self.isolated and not isinstance(request.get("isolate"), list):
+                raise ValueError("a sandboxed template forks only kernels with a sandbox")
             pid = os.fork()
         except Exception as exc:  # bad request or fork failure: report, keep serving
             if stderr_fd is not None:
@@ -240,7 +264,14 @@ def _child(
         os.environ.clear()
         os.environ.update({str(k): str(v) for k, v in request.get("env", {}).items()})
         os.environ.pop("JPY_PARENT_PID", None)  # supervise watches the parent instead
-        os.chdir(request.get("cwd") or "/")
+        if isinstance(request.get("isolate"), list):
+            from lemon_exec.kernel import isolate
+
+            # Confined before anything of the kernel runs; its namespace's init is the
+            # parent to watch (the template is out of sight).
+            template = isolate.enter(isolate.parse(request["isolate"]), template)
+        else:
+            os.chdir(request.get("cwd") or "/")
         argv = [str(a) for a in request["argv"]]
         # Subreaper, SIGTERM kills its tree, and the template's death (the host's is the
         # template's business) kills it and its tree.
