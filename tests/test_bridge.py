@@ -823,6 +823,10 @@ STALL = """
 import json, time
 kernel = get_ipython().kernel
 def stall(thread, seconds):
+    if thread is kernel.iopub_thread:  # what the cell queued there so far goes out first
+        drained = __import__('threading').Event()
+        thread.schedule(drained.set)
+        drained.wait(5)
     started = __import__('threading').Event()
     def hold():
         started.set()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import os
 import sys
@@ -15,6 +16,7 @@ from ipykernel.iostream import IOPubThread
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
 from traitlets import DottedObjectName, Type
+from traitlets.config import Config
 
 from lemon_exec.kernel.hostlink import start_reply_reader
 from lemon_exec.kernel.kernel import LemonKernel
@@ -59,6 +61,20 @@ class LemonKernelApp(IPKernelApp):
         os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)  # type: ignore[no-untyped-call]
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
+
+    def parse_command_line(self, argv: list[str] | None = None) -> None:
+        # The host starts every kernel with just ``-f FILE``: taken as is. traitlets builds an
+        # argparse parser of every alias and flag first, ~10 ms of each kernel's start.
+        args = sys.argv[1:] if argv is None else list(argv)
+        if len(args) != 2 or args[0] != "-f" or args[1].startswith("-"):
+            super().parse_command_line(argv)
+            return
+        self.argv = args
+        config = Config()
+        config.IPKernelApp.connection_file = args[1]
+        self.cli_config = config
+        self.update_config(config)
+        self.extra_args = []
 
     def init_iopub(self, context: Any) -> None:
         # ipykernel builds its IOPub thread with a "pipe" for output of forked children: a
@@ -218,6 +234,35 @@ def _nbytes(frame: Any) -> int:
         return len(frame)  # bytes and zmq.Frame
     except TypeError:
         return memoryview(frame).nbytes
+
+
+#: Modules a kernel imports while it initialises (IPKernelApp.initialize, the shell) or
+#: runs its first script: the fork-server template imports them, so a forked kernel finds
+#: them loaded and shared instead of importing them into its own memory.
+PRELOAD_MODULES = (
+    "faulthandler",
+    "pdb",
+    "runpy",
+    "sqlite3",
+    "unicodedata",
+    "tornado.gen",
+    "tornado.locks",
+    "tornado.queues",
+    "tornado.platform.asyncio",
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.utils.wildcard",
+    "ipykernel.debugger",
+)
+
+
+def preload() -> None:
+    """Import what a kernel would import at start (the fork-server template calls this)."""
+    for name in PRELOAD_MODULES:
+        with contextlib.suppress(ImportError):  # another IPython/ipykernel version
+            importlib.import_module(name)
 
 
 def main() -> None:

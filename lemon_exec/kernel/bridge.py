@@ -109,7 +109,8 @@ class CellBridge:
         continuation frames are never interleaved with another block's.
         """
         text = protocol.normalize_text(value)
-        encoded_len = protocol.json_string_len(text)  # the cost and the frame sizes, once
+        encoded = protocol.json_string(text)  # once: the cost, the frame sizes and the frame
+        encoded_len = len(encoded)
         with self._text_lock:
             with self._lock:
                 self._check_open()
@@ -131,8 +132,9 @@ class CellBridge:
             sent = 0
             try:
                 self._flush_output()
-                for frame in protocol.text_frames(n, self._token, text, encoded_len):
-                    self._send_unchecked(frame)
+                frames = protocol.text_frames(n, self._token, text, encoded_len)
+                for frame in frames:
+                    self._send_unchecked(frame, encoded if len(frames) == 1 else None)
                     sent += 1
             except BaseException:
                 with self._lock:
@@ -210,7 +212,7 @@ class CellBridge:
             if stream is not None:
                 stream.flush()
 
-    def _send_unchecked(self, frame: dict[str, Any]) -> None:
+    def _send_unchecked(self, frame: dict[str, Any], encoded_text: str | None = None) -> None:
         if os.getpid() != self._pid:
             # A forked child must not use its parent's sockets; nothing it sent would arrive.
             from lemon_exec.kernel.forkguard import forked_child_error
@@ -218,7 +220,7 @@ class CellBridge:
             raise forked_child_error()
         self._check_open()
         try:
-            content = protocol.comm_content(self.comm_id, frame)
+            content = protocol.comm_content(self.comm_id, frame, encoded_text)
         except UnicodeEncodeError:
             # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
             raise ToolError(protocol.BAD_UNICODE) from None

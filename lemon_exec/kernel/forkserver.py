@@ -62,7 +62,7 @@ def main() -> None:
     from lemon_exec.kernel.lean import skip_optional_modules
 
     skip_optional_modules()
-    importlib.import_module("lemon_exec.kernel.app")
+    importlib.import_module("lemon_exec.kernel.app").preload()
 
     # Move everything imported so far out of the collector's reach: a child's garbage
     # collections would otherwise touch every object header and copy most of the shared heap.

@@ -288,11 +288,12 @@ def pack_signed(
     return [*([ident] if ident is not None else []), DELIM, signature, *parts]
 
 
-def comm_content(comm_id: str, frame: Any) -> bytes:
+def comm_content(comm_id: str, frame: Any, encoded_text: str | None = None) -> bytes:
     """The packed content of the ``comm_msg`` that carries ``frame`` (UTF-8 JSON).
 
-    A text frame's string is encoded once, by :func:`json_string`, and spliced in. Raises
-    UnicodeEncodeError for a lone surrogate (helper arguments must be valid text).
+    A text frame's string is encoded once, by :func:`json_string` (or given as
+    ``encoded_text``, its result), and spliced in. Raises UnicodeEncodeError for a lone
+    surrogate (helper arguments must be valid text).
     """
     text = frame.get("text") if isinstance(frame, dict) else None
     if not isinstance(text, str):
@@ -300,7 +301,8 @@ def comm_content(comm_id: str, frame: Any) -> bytes:
     rest = {key: value for key, value in frame.items() if key != "text"}
     head = pack_json({"comm_id": comm_id, "data": {**rest, "text": ""}})
     # ``head`` ends with the empty text's quotes and the two closing braces.
-    return head[:-4] + json_string(text).encode("ascii", "strict") + b"}}"
+    encoded = json_string(text) if encoded_text is None else encoded_text
+    return head[:-4] + encoded.encode("ascii") + b"}}"
 
 
 def pack_json(value: Any) -> bytes:
