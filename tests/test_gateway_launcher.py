@@ -20,9 +20,9 @@ from Cryptodome.Cipher import AES, PKCS1_v1_5
 from Cryptodome.PublicKey import RSA
 from Cryptodome.Util.Padding import unpad
 from jupyter_client.blocking import BlockingKernelClient
+from support import pid_gone
 
 from lemon_exec.kernel import gateway_launcher
-from tests.support import pid_gone
 
 LAUNCH_TIMEOUT_S = 60
 
