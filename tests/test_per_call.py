@@ -86,10 +86,24 @@ def _nothing_left(request: pytest.FixtureRequest, session_kernels: Callable[...,
     engine = facade._engine
     if engine is not None:
         assert list(engine.staging.work_dir.iterdir()) == [], "a workspace was left behind"
+    # Spares (more than WARM for a while after back-to-back runs) and spares still starting
+    # are the pool's; any other kernel is a used one still running.
+    pool = facade._modes.pool if facade._modes is not None else None
+
+    def used() -> set[int]:
+        spares = {k.pid for k in pool.all_spares()} if pool is not None else set()
+        return session_kernels(host=os.getpid()) - spares
+
+    def starting() -> int:
+        return pool.starting if pool is not None else 0
+
     deadline = time.monotonic() + 4.0
-    while len(session_kernels(host=os.getpid())) > WARM and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(session_kernels(host=os.getpid())) <= WARM, "a used kernel is still running"
+    settled = False  # a start may end between the two looks: look again
+    while not settled and time.monotonic() < deadline:
+        settled = len(used()) <= starting()
+        if not settled:
+            time.sleep(0.05)
+    assert settled, f"a used kernel is still running: {sorted(used())}"
 
 
 def pid_of(result: ExecuteCodeResult) -> int:

@@ -176,3 +176,32 @@ def test_kernels_skip_debugger_and_jedi_but_scripts_can_import_them() -> None:
     with ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0)) as ec:
         result = ec.run_sync(script)
     assert result.content == "[]\njedi debugpy\n", result.content
+
+
+def test_a_burst_waits_for_starting_spares_and_grows_the_pool() -> None:
+    """Back-to-back calls: one that finds no spare ready takes the one already starting
+    (it ends sooner than a start of its own) and the pool keeps one more spare for a
+    while (issue 17: sustained and concurrent per-call runs)."""
+
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=1)
+        async with ExecuteCode(config) as ec:
+            await ec.run("pass")
+            await _wait_spares(ec)
+            assert ec._modes is not None
+            pool = ec._modes.pool
+            sources = []
+            pids = set()
+            for _ in range(3):
+                result = await ec.run(PROBE)
+                assert result.ok, result.content
+                sources.append(result.details["kernel_source"])
+                pids.add(_probe(result.content)["pid"])
+            assert len(pids) == 3  # still a fresh kernel per run
+            assert sources == ["spare", "spare", "spare"]
+            await _wait_spares(ec, 2)  # the burst grew the target past warm_kernels
+            pool.burst_hold_s = 0.0
+            pool._trim()
+            assert pool.spare_count == 1
+
+    asyncio.run(main())
