@@ -809,3 +809,33 @@ def test_isolation_options_are_never_weaker_than_bwraps() -> None:
     with pytest.raises(isolate.IsolationError):
         isolate.parse([*split[0], "--share-net"])
     assert sandboxes.split_kernel_argv([sys.executable, "-m", "lemon_exec.kernel"]) is None
+
+
+@pytest.mark.slow
+def test_limits_hold_for_kernels_forked_into_the_sandbox(world: World) -> None:
+    """The host places a forked kernel's whole tree (outer process, init, kernel) under its
+    limits by the PID it knows: a fork bomb is contained, an allocation over the memory
+    limit kills the script, and the host carries on."""
+    tool = ExecuteCode(make_config(warm_kernels=1, kernel_memory_mb=256, kernel_max_processes=40))
+    try:
+        wait_forked(tool)
+        result = tool.run_sync(
+            FORKED_PROBE
+            + "print(open('/proc/self/cgroup').read())\n"
+            + "import os\nkids = []\ntry:\n    for _ in range(200):\n        pid = os.fork()\n"
+            "        if pid == 0:\n            __import__('time').sleep(30)\n"
+            "            os._exit(0)\n        kids.append(pid)\n"
+            "except OSError as exc:\n"
+            "    print('FORK STOPPED after', len(kids), type(exc).__name__)\n"
+            "for pid in kids:\n    os.kill(pid, 9)\n"
+        )
+        assert "KERNEL: FORKED" in result.content, result.content
+        assert "FORK STOPPED after" in result.content, result.content
+        assert f"lemon-{os.getpid()}/k-" in result.content, result.content
+        killed = tool.run_sync(FORKED_PROBE + "data = b'x' * 2**31\nprint('allocated')")
+        assert killed.content.startswith("Script killed: memory limit (256 MB) exceeded."), (
+            killed.content
+        )
+        assert "42" in tool.run_sync("print(6 * 7)").content
+    finally:
+        tool.close()

@@ -7,6 +7,11 @@ through :class:`ForkServerProvisioner`, a kernel provisioner (entry point
 like the LocalProvisioner: same process-group signalling, same cleanup. When no fork server
 is ready the provisioner falls back to a normal launch, so it can never make a start fail.
 
+Under ``sandbox = "bwrap"`` the template runs inside bubblewrap (its launcher comes from
+:mod:`lemon_exec.host.sandbox`) and a kernel's sandbox options travel with its fork request:
+the child confines itself before anything else (:mod:`lemon_exec.kernel.isolate`). A kernel
+whose options it cannot apply starts cold under bwrap, never in the template's view.
+
 Every request carries an id the template echoes in its reply, and replies are matched to
 requests by it. A request given up on (timed out, or its start was cancelled) is remembered:
 when its late reply names a kernel, the template is told to kill it. Without the ids a late
@@ -131,11 +136,6 @@ class ForkServer:
     def split_sandbox(self, argv: list[str]) -> tuple[list[str], list[str]] | None:
         """(sandbox options, kernel argv) of a sandboxed kernel's argv, None if unforkable."""
         return None if self._sandbox is None else self._sandbox[2](argv)
-
-    @property
-    def kernels(self) -> int:
-        """How many kernels it forked still run (a retired template goes once none do)."""
-        return len(self._children)
 
     @property
     def ready(self) -> bool:

@@ -9,7 +9,10 @@ kernel application with the request's arguments; nothing is shared after the for
 Protocol on the inherited Unix socket (fd given by ``--fd``), JSON lines:
 
 - host → template: ``{"req": id, "argv": [...], "env": {...}, "cwd": "..."}`` with the
-  child's stderr file descriptor attached (SCM_RIGHTS); ``{"kill": N}`` to kill the kernel
+  child's stderr file descriptor attached (SCM_RIGHTS), and under the sandbox
+  ``"isolate": [bwrap options]``, the sandbox the child builds for itself before anything
+  else (:mod:`lemon_exec.kernel.isolate`; a sandboxed template, started with
+  ``--isolate-probe``, refuses requests without one); ``{"kill": N}`` to kill the kernel
   of a request the host gave up on (only while N is an unreaped child: never a reused PID);
 - template → host: ``{"ready": pid}`` once, ``{"pid": N, "req": id}`` or
   ``{"error": "...", "req": id}`` per request (the host matches replies to requests by id,
