@@ -416,16 +416,20 @@ def test_session_mode_read_only_cwd(world: World, tmp_path: Path) -> None:
         shutil.rmtree(project, ignore_errors=True)
 
 
-def test_sandbox_network_true_keeps_the_hosts_network(world: World) -> None:
+@pytest.mark.parametrize("start", ["forked", "cold"])
+def test_sandbox_network_true_keeps_the_hosts_network(world: World, start: str) -> None:
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]
-    tool = ExecuteCode(make_config(warm_kernels=0, sandbox_network=True))
+    forked = start == "forked"
+    tool = ExecuteCode(make_config(warm_kernels=0, sandbox_network=True, fork_server=forked))
     try:
+        if forked:
+            wait_forked(tool)
         script = "import socket\n" + attempt(
             f"socket.create_connection(('127.0.0.1', {port}), timeout=5).close()"
         )
-        out = tool.run_sync(script).content
-        assert "OK:" in out, out
+        out = tool.run_sync(script + FORKED_PROBE).content
+        assert "OK:" in out and f"KERNEL: {start.upper()}" in out, out
     finally:
         tool.close()
         server.close()
@@ -839,3 +843,12 @@ def test_limits_hold_for_kernels_forked_into_the_sandbox(world: World) -> None:
         assert "42" in tool.run_sync("print(6 * 7)").content
     finally:
         tool.close()
+
+
+@BOTH
+def test_a_sandboxed_kernels_exit_status_is_its_own(world: World) -> None:
+    """Through bwrap (cold) or the outer process and init (forked), a kernel's exit code and
+    the signal that killed it reach the host as they are."""
+    for script, expected in (("os._exit(3)", 3), ("os.kill(os.getpid(), 15)", -15)):
+        result = world.tool.run_sync(f"import os\n{script}\n")
+        assert result.details.get("exit_code") == expected, (script, result.details)

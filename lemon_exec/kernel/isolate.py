@@ -92,6 +92,36 @@ _SYS_PIVOT_ROOT = {
 }
 #: bwrap covers these in a fresh /proc (read-only), and so does this.
 _PROC_COVERED = ("sys", "sysrq-trigger", "irq", "bus")
+#: Signals whose default action ends a process (the outer process dies of the kernel's).
+_FATAL_SIGNALS = frozenset(
+    int(s)
+    for s in signal.Signals
+    if s.name
+    in {
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    }
+)
 #: The device nodes of bwrap's --dev.
 _DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 _DEV_LINKS = (
@@ -232,9 +262,11 @@ def _outer(init: int) -> None:
         # The init reports a kernel killed by signal N as 128 + N: die of N, as it did.
         signum = -code if code < 0 else code - 128 if 128 < code <= 128 + 64 else 0
         if signum:
-            code = 128 + signum
+            code = 128 + signum  # what bwrap reports, should the signal not end us
+        if signum in _FATAL_SIGNALS:
             with contextlib.suppress(OSError, ValueError):
-                signal.signal(signum, signal.SIG_DFL)
+                if signum != signal.SIGKILL:
+                    signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
     finally:
         os._exit(code)
@@ -265,11 +297,12 @@ def _init(libc: ctypes.CDLL, plan: Plan, alive: int) -> int:
         with contextlib.suppress(Exception):
             os.write(2, f"lemon_exec sandbox: {exc}\n".encode())
         os._exit(70)
+    # Nothing of the template's (another request's stderr, say) stays open in the init or
+    # the kernel.
+    os.closerange(3, _max_fd())
     kernel = os.fork()
     if kernel == 0:
         _drop_privileges(libc)
-        # Nothing of the template's (another request's stderr, say) stays open in a kernel.
-        os.closerange(3, _max_fd())
         return 1
     _reap_until(kernel)
     raise AssertionError("unreachable")  # pragma: no cover
