@@ -760,7 +760,8 @@ def test_kernels_die_with_their_template(world: World) -> None:
 
 def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) -> None:
     """A plain fork request (no sandbox of its own) is refused by a sandboxed template: the
-    host then starts that kernel cold under bwrap, never in the template's open view."""
+    host then starts that kernel cold under bwrap, never in the template's open view. And a
+    template whose children cannot confine themselves never says it is ready."""
     import asyncio
 
     from lemon_exec.host.forkserver import ForkServer
@@ -783,6 +784,16 @@ def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) ->
         finally:
             await server.aclose()
 
+    async def template_ready(sandbox: Any) -> bool:
+        server = ForkServer(
+            "lsb-broken", sys.executable, dict(os.environ), os.getcwd(), sandbox=sandbox
+        )
+        try:
+            await server.start()
+            return await server.wait_ready()
+        finally:
+            await server.aclose()
+
     tool = ExecuteCode(make_config(warm_kernels=0))
     try:
         wait_forked(tool)
@@ -791,9 +802,16 @@ def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) ->
         sandbox = cast(Any, engine.backend)._template_sandbox(sys.executable)
         assert sandbox is not None
         refused = asyncio.run(plain_request(sandbox))
+        # A template whose children cannot confine themselves (here: the probe kernel's
+        # working directory is gone) never becomes ready: kernels then start cold.
+        launcher, probe, split = sandbox
+        at = probe.index("--chdir") + 1
+        broken = [*probe[:at], "/nonexistent-lsb", *probe[at + 1 :]]
+        ready = asyncio.run(template_ready((launcher, broken, split)))
     finally:
         tool.close()
     assert "forks only kernels with a sandbox" in refused, refused
+    assert ready is False
 
 
 def test_isolation_options_are_never_weaker_than_bwraps() -> None:
