@@ -205,3 +205,24 @@ def test_a_burst_waits_for_starting_spares_and_grows_the_pool() -> None:
             assert pool.spare_count == 1
 
     asyncio.run(main())
+
+
+def test_the_replacement_spare_starts_after_the_run() -> None:
+    """Outside a burst a claimed spare is replaced once its run ends, so the new kernel's
+    start does not compete with the run for the CPU (issue 17: per-call latency)."""
+
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, warm_kernels=1)
+        async with ExecuteCode(config) as ec:
+            await ec.run("pass")
+            await _wait_spares(ec)
+            assert ec._modes is not None
+            pool = ec._modes.pool
+            run = asyncio.ensure_future(ec.run("import time; time.sleep(1.5)"))
+            await asyncio.sleep(0.7)
+            assert not run.done()
+            assert (pool.spare_count, pool.starting) == (0, 0)
+            assert (await run).ok
+            await _wait_spares(ec)
+
+    asyncio.run(main())

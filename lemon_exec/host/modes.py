@@ -176,10 +176,10 @@ class Modes:
                 return refusal(str(exc), details)
             try:
                 engine.staging.write_private_file(workspace, "script.py", call.script)
+                key = self._spare_key(call.interpreter, call.cwd)
                 try:
-                    kernel, source = await self.pool.claim(
-                        self._spare_key(call.interpreter, call.cwd)
-                    )
+                    # The replacement spare starts after the run (refill below), not during it.
+                    kernel, source = await self.pool.claim(key, defer=True)
                 except KernelStartError as exc:
                     return start_failure(exc, details)
                 except LemonExecError as exc:
@@ -192,6 +192,7 @@ class Modes:
                     # A used kernel is never reused: stopped in the background, off the hot
                     # path. Its slot is freed once it is gone, so the cap bounds live kernels.
                     engine.spawn(self._stop_and_release(kernel, slot))
+                    self.pool.refill(key)
             finally:
                 engine.staging.remove_workspace(workspace)
         finally:

@@ -46,6 +46,8 @@ Discarder = Callable[[KernelHandle], None]
 DEFAULT_MAX_BURST = 3
 #: A key's burst spares are dropped once no claim came up short for this long.
 DEFAULT_BURST_HOLD_S = 30.0
+#: A deferred replacement spare (see KernelPool.claim) starts at the latest this much later.
+DEFER_REFILL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,7 @@ class _Key:
     waiters: list[asyncio.Future[_Spare | None]] = field(default_factory=list)
     extra: int = 0  # burst spares wanted past ``size``
     short_at: float = 0.0  # when a claim last found no ready spare
+    deferred: bool = False  # a claimed spare's replacement waits for refill()
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -99,10 +102,16 @@ class KernelPool:
         self.max_keys = max_keys
         self._recent: list[str] = []  # keys, least recently used first
         self._trim_handle: asyncio.TimerHandle | None = None
+        self._deferred: set[asyncio.TimerHandle] = set()
         self._closed = False
 
-    async def claim(self, interpreter: str) -> tuple[KernelHandle, str]:
-        """A ready kernel for ``interpreter`` and where it came from ("spare" or "cold")."""
+    async def claim(self, interpreter: str, *, defer: bool = False) -> tuple[KernelHandle, str]:
+        """A ready kernel for ``interpreter`` and where it came from ("spare" or "cold").
+
+        ``defer``: outside a burst, the replacement spare starts when the caller calls
+        :meth:`refill` after its run (at the latest :data:`DEFER_REFILL_S` later), so its
+        start does not compete with the run for the CPU; a claim meanwhile starts it at once.
+        """
         key = self._key(interpreter)
         first = True
         while True:
@@ -115,7 +124,10 @@ class KernelPool:
                 self._drop(spare.kernel)  # off the hot path; replaced by the refill below
                 continue
             if await spare.kernel.is_alive():
-                self.refill(interpreter)
+                if defer and not key.extra and not key.waiters:
+                    self._defer_refill(interpreter, key)
+                else:
+                    self.refill(interpreter)
                 return spare.kernel, "spare"
             await spare.kernel.kill()  # died while waiting: replaced below, never handed out
         kernel = await self._start(interpreter)
@@ -132,7 +144,7 @@ class KernelPool:
             return key.spares.pop(0)
         if self.size == 0 or self._closed:
             return None
-        if short and key.starting:  # not the first claim, before any spare was started
+        if short and (key.starting or key.deferred):  # not before the first spare started
             key.short_at = time.monotonic()
             key.extra = min(self.max_burst, key.extra + 1)
             self._schedule_trim()
@@ -160,6 +172,7 @@ class KernelPool:
             return
         self._touch(interpreter)
         key = self._key(interpreter)
+        key.deferred = False
         loop = asyncio.get_running_loop()
         while self._wanted(interpreter) and key.starting < self.parallel:
             have = len(key.spares) + key.starting - len(key.waiters)
@@ -169,6 +182,13 @@ class KernelPool:
             task = loop.create_task(self._start_one(interpreter, key))
             key.tasks.add(task)
             task.add_done_callback(key.tasks.discard)
+
+    def _defer_refill(self, interpreter: str, key: _Key) -> None:
+        key.deferred = True
+        loop = asyncio.get_running_loop()
+        handle = loop.call_later(DEFER_REFILL_S, self.refill, interpreter)
+        self._deferred.add(handle)
+        loop.call_later(DEFER_REFILL_S + 0.1, self._deferred.discard, handle)
 
     def _key(self, interpreter: str) -> _Key:
         key = self._keys.get(interpreter)
@@ -284,6 +304,9 @@ class KernelPool:
         if self._trim_handle is not None:
             self._trim_handle.cancel()
             self._trim_handle = None
+        for handle in self._deferred:
+            handle.cancel()
+        self._deferred.clear()
         tasks = [t for key in self._keys.values() for t in key.tasks]
         for task in tasks:
             task.cancel()
