@@ -870,3 +870,57 @@ def test_a_sandboxed_kernels_exit_status_is_its_own(world: World) -> None:
     for script, expected in (("os._exit(3)", 3), ("os.kill(os.getpid(), 15)", -15)):
         result = world.tool.run_sync(f"import os\n{script}\n")
         assert result.details.get("exit_code") == expected, (script, result.details)
+
+
+def test_a_bind_source_swapped_for_a_symlink_is_refused(world: World) -> None:
+    """The host hands a forked kernel resolved paths; a script that can write where one lies
+    (its working directory) could swap it for a symlink before the next kernel binds it. The
+    kernel then refuses to start rather than bind what the link names into its view."""
+    import asyncio
+
+    from lemon_exec.host.forkserver import ForkServer
+
+    if SANDBOX == "none":
+        pytest.fail("needs the sandbox")
+    link = Path(tempfile.mkdtemp(prefix="lsb-link-", dir="/tmp")) / "venv"
+    # Relative: it resolves inside the template's view (an absolute one would not resolve
+    # at all there), to a hidden directory, were it followed.
+    link.symlink_to(os.path.relpath(world.private, link.parent))
+
+    async def start_with_link(sandbox: Any) -> tuple[int | None, str]:
+        server = ForkServer(
+            "lsb-link", sys.executable, dict(os.environ), os.getcwd(), sandbox=sandbox
+        )
+        read_end, write_end = os.pipe()
+        try:
+            await server.start()
+            assert await server.wait_ready()
+            probe = sandbox[1]
+            at = probe.index("--chdir")
+            options = [*probe[:at], "--ro-bind", str(link), str(link), *probe[at:]]
+            argv = ["-f", "/nonexistent.json"]
+            pid = await server.fork(argv, dict(os.environ), "/", write_end, options)
+            os.close(write_end)
+            write_end = -1
+            deadline = time.monotonic() + 10
+            while server.exit_status(pid) is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            return server.exit_status(pid), os.read(read_end, 65536).decode()
+        finally:
+            if write_end >= 0:
+                os.close(write_end)
+            os.close(read_end)
+            await server.aclose()
+
+    tool = ExecuteCode(make_config(warm_kernels=0))
+    try:
+        wait_forked(tool)
+        engine = tool._engine
+        assert engine is not None
+        sandbox = cast(Any, engine.backend)._template_sandbox(sys.executable)
+        assert sandbox is not None
+        status, stderr = asyncio.run(start_with_link(sandbox))
+    finally:
+        tool.close()
+        shutil.rmtree(link.parent, ignore_errors=True)
+    assert status == 70 and "is not a resolved path" in stderr, (status, stderr)

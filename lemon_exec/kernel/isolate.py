@@ -39,6 +39,7 @@ import platform
 import select
 import signal
 import socket
+import stat
 import struct
 import sys
 from dataclasses import dataclass, field
@@ -392,12 +393,25 @@ def _mounter(libc: ctypes.CDLL) -> Mount:
 
 
 def _bind(mount: Mount, src: str, target: str, readonly: bool) -> None:
-    """bwrap's --bind / --ro-bind: recursive, nosuid and nodev, read-only all the way down."""
-    if os.path.isdir(src):
-        _ensure_dir(target)
-    else:
-        _ensure_file(target)
-    mount(src, target, None, MS_BIND | MS_REC)
+    """bwrap's --bind / --ro-bind: recursive, nosuid and nodev, read-only all the way down.
+
+    The source is opened first and bound through its descriptor, and only if it is where
+    the host saw it: a script that can write where a source lies (its working directory)
+    cannot turn a path into a symlink that would bind something else into the next
+    kernel's view (the host hands over resolved paths, so any symlink is such a swap).
+    """
+    fd = os.open(src, os.O_PATH | os.O_CLOEXEC)
+    try:
+        proc = _proc()
+        if os.readlink(f"{proc}/self/fd/{fd}") != src:
+            raise IsolationError(f"{src[len('/oldroot') :] or '/'} is not a resolved path")
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            _ensure_dir(target)
+        else:
+            _ensure_file(target)
+        mount(f"{proc}/self/fd/{fd}", target, None, MS_BIND | MS_REC)
+    finally:
+        os.close(fd)
     for mountpoint, options in _mounts_under(target):
         flags = MS_BIND | MS_REMOUNT | MS_NOSUID | MS_NODEV
         for option in options:
@@ -421,8 +435,7 @@ def _mounts_under(target: str) -> list[tuple[str, list[str]]]:
 
 def _mountinfo() -> list[tuple[str, list[str]]]:
     """(mount point, per-mount options) of this mount namespace, in mount order."""
-    proc = "/oldroot/proc" if os.path.isdir("/oldroot/proc/self") else "/proc"
-    with open(f"{proc}/self/mountinfo", "rb") as fh:
+    with open(f"{_proc()}/self/mountinfo", "rb") as fh:
         lines = fh.read().decode("utf-8", "surrogateescape").splitlines()
     found = []
     for line in lines:
@@ -430,6 +443,11 @@ def _mountinfo() -> list[tuple[str, list[str]]]:
         if len(fields) > 5:
             found.append((_unescape(fields[4]), fields[5].split(",")))
     return found
+
+
+def _proc() -> str:
+    """The /proc that shows this process while the view is built (the template's)."""
+    return "/oldroot/proc" if os.path.isdir("/oldroot/proc/self") else "/proc"
 
 
 def _unescape(path: str) -> str:
