@@ -1,7 +1,7 @@
 """A forked kernel's own sandbox: bubblewrap's setup, done in Python right after the fork.
 
 Under ``sandbox = "bwrap"`` the fork-server template runs inside one bubblewrap sandbox that
-sees the host's filesystem as it is (``--bind / /``), with its own user namespace in which it
+sees the host's filesystem as it is (``--dev-bind / /``), with its own user namespace where it
 holds ``CAP_SYS_ADMIN`` (and nothing outside it). It never runs a script. Each kernel it
 forks builds its own sandbox before any of its code runs, from the very bwrap options a cold
 sandboxed kernel is started with (:func:`lemon_exec.host.sandbox.kernel_argv_prefix`), so a
@@ -16,11 +16,14 @@ forked kernel sees exactly what a cold one sees:
    ``/newroot``, then ``pivot_root`` into it, the template's view detached. ``/proc`` is a
    fresh one of the kernel's own PID namespace; ``/dev`` a fresh one with its own ``pts`` and
    ``shm``; ``/tmp`` its own tmpfs; of the staging root only its own runtime directory.
-3. The init then enters a new user namespace (and, without ``--share-net``, a network
+   Bind sources are opened first and bound through the descriptor, and only if they are
+   the resolved paths the host computed (a symlink swapped in is refused).
+3. The init then enters a new user namespace (and, with ``--unshare-net``, a network
    namespace with only its own loopback). Every mount it made is thereby *locked*: from a
    less privileged user namespace nothing can be unmounted to uncover what lies beneath, and
    nothing read-only can be made writable.
-4. The init forks the kernel (PID 2), which drops every capability (bounding set, ambient,
+4. The init closes every inherited descriptor but the standard streams and forks the
+   kernel (PID 2), which drops every capability (bounding set, ambient,
    effective, permitted, inheritable) and sets ``PR_SET_NO_NEW_PRIVS`` before it returns
    to run the kernel. The init reaps orphans and, when the kernel ends, exits with its
    status: the namespace, and every daemon the script left in it, ends with it.
