@@ -215,8 +215,8 @@ def test_a_live_host_is_as_the_security_page_says(
         runtime = Path(socket_path).parent
         assert runtime.name == "runtime" and runtime.parent in roots, socket_path
         assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700, socket_path
-    # Six per kernel (5 Jupyter channels + the host's private IOPub copy).
-    assert len(listening) % 6 == 0 and len(listening) >= 12, listening
+    # Seven per kernel (5 Jupyter channels + the host's private IOPub copy and reply channel).
+    assert len(listening) % 7 == 0 and len(listening) >= 14, listening
 
     # Files: 0700 directories, 0600 files, ours; sockets only in runtime/; one symlink.
     keys: list[bytes] = []
