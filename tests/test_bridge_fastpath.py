@@ -9,6 +9,7 @@ the mechanisms with real zmq sockets on ipc, in this process.
 from __future__ import annotations
 
 import json
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -148,3 +149,16 @@ def test_packed_frames_are_what_jupyter_would_send(text: str) -> None:
 def test_a_lone_surrogate_in_call_params_is_refused_before_sending() -> None:
     with pytest.raises(UnicodeEncodeError):
         protocol.comm_content("c", protocol.call_frame(1, "t", "read", {"path": "a\ud800"}))
+
+
+def test_json_string_and_its_length_match_json_dumps_on_random_text() -> None:
+    """The escape scan behind every text block's cost: each escaped ASCII byte (two- and
+    six-character escapes), mixed with plain and non-ASCII text, in random strings."""
+    rng = random.Random(17)
+    alphabet = [*map(chr, range(128)), "é", "€", "😀", "\ufffd"]
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+        if rng.random() < 0.3:
+            text = "y" * rng.randint(0, 5000) + text  # a long plain run before the escapes
+        assert protocol.json_string(text) == json.dumps(text), repr(text)
+        assert protocol.json_string_len(text) == len(json.dumps(text)), repr(text)
