@@ -15,6 +15,7 @@ import sys
 import threading
 from typing import Any
 
+from ipykernel import debugger, ipkernel
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.zmqshell import ZMQInteractiveShell
 from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
@@ -87,7 +88,19 @@ class LemonKernel(IPythonKernel):
     banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+        # IPythonKernel.__init__ lists every loaded module's file for its debugger: in a
+        # forked kernel that touches all ~500 module objects the template shares with it
+        # (~5 ms, and their pages are copied). Without debugpy there is no debugger to feed:
+        # it sees a sys without modules (everything else is the real sys).
+        namespace = vars(ipkernel)
+        lean = not debugger._is_debugpy_available and namespace.get("sys") is sys
+        if lean:
+            namespace["sys"] = _SysWithoutModules()
+        try:
+            super().__init__(**kwargs)  # type: ignore[no-untyped-call]
+        finally:
+            if lean:
+                namespace["sys"] = sys
         # What runs on the main thread, for interrupt_request (control thread): "idle", the
         # agent's "script", or a viewer's ordinary "cell". Changed and read under the lock.
         self._running = "idle"
@@ -250,6 +263,15 @@ class LemonKernel(IPythonKernel):
             sys.argv = saved_argv
             _restore_fd(2, saved_fd2)
         return protocol.script_reply(outcome, self.execution_count)
+
+
+class _SysWithoutModules:
+    """The sys module as IPythonKernel.__init__ sees it in a kernel without a debugger."""
+
+    modules: dict[str, Any] = {}  # read-only: never filled
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys, name)
 
 
 def _error_content(ename: str, evalue: str) -> dict[str, Any]:
