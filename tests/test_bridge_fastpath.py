@@ -162,3 +162,69 @@ def test_json_string_and_its_length_match_json_dumps_on_random_text() -> None:
             text = "y" * rng.randint(0, 5000) + text  # a long plain run before the escapes
         assert protocol.json_string(text) == json.dumps(text), repr(text)
         assert protocol.json_string_len(text) == len(json.dumps(text)), repr(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "y" * 10_000,
+        "plain text, with spaces and punctuation ~!@#$%^&*()" * 200,
+        "y" * 9_000 + '"',
+        "y" * 9_000 + "\\",
+        "y" * 9_000 + "\n",
+        "y" * 9_000 + "\x7f",
+        "y" * 9_000 + "\x00",
+        "y" * 9_000 + "é",
+        "y" * 9_000 + "\ud800",
+    ],
+)
+@pytest.mark.parametrize("more", [False, True])
+def test_large_text_frames_unpack_as_json_would(text: str, more: bool) -> None:
+    """The host's parser-free path for large plain text frames gives exactly what
+    Session.deserialize gives, and the budget's length stays json.dumps's."""
+    session = Session(key=b"k" * 32)
+    frame: dict[str, Any] = {"type": "text", "n": 7, "token": "t" * 43}
+    if more:
+        frame["more"] = True
+    frame["text"] = protocol.normalize_text(text)
+    wire = protocol.pack_signed(
+        session, "comm_msg", protocol.comm_content("c" * 32, frame), b"{}", b"comm-x"
+    )
+    content = protocol.unpack_signed(session, wire)["content"]
+    _, parts = session.feed_identities(wire)
+    assert content == session.deserialize(parts)["content"]
+    got = content["data"]["text"]
+    assert protocol.json_string_len(got) == len(json.dumps(got))
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"comm_id": "c", "data": {"type": "text", "n": 1, "token": "t", "text": "'
+        + b"y" * 5000
+        + b'"}, "extra": 1}',  # more after the text: not the kernel's layout
+        b'{"comm_id": "c", "data": {"type": "text", "n": 1, "token": "t", "text": "'
+        + b"y" * 5000
+        + b'", "n": 2}}',  # a duplicate key after the text
+        b'{"comm_id": "c", "data": {"type": "text", "n": 01, "token": "t", "text": "'
+        + b"y" * 5000
+        + b'"}}',  # not JSON
+        b'{"comm_id": "c", "data": {"type": "text", "n": 1, "token": "t", "more": false, "text": "'
+        + b"y" * 5000
+        + b'"}}',
+        b'{"comm_id": "c", "data": {"type": "text", "n": 1, "token": "t", "text": "'
+        + b"y" * 5000
+        + b"\xff"
+        + b'"}}',  # invalid UTF-8: replaced, as jupyter_client does
+    ],
+)
+def test_forged_text_contents_are_parsed_as_json_would(content: bytes) -> None:
+    session = Session(key=b"k" * 32)
+    wire = protocol.pack_signed(session, "comm_msg", content, b"{}", b"comm-x")
+    try:
+        expected = session.unpack(content)
+    except ValueError:
+        with pytest.raises(ValueError):
+            protocol.unpack_signed(session, wire)
+        return
+    assert protocol.unpack_signed(session, wire)["content"] == expected

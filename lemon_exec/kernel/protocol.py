@@ -233,8 +233,55 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
         "msg_type": header.get("msg_type"),
         "parent_header": session.unpack(frames[2]),
         "metadata": session.unpack(frames[3]),
-        "content": session.unpack(frames[4]),
+        "content": _unpack_content(session, frames[4]),
     }
+
+
+#: The content of a text frame exactly as the kernel packs it (comm_content), up to the
+#: opening quote of the text; anything else is left to the JSON parser.
+_TEXT_CONTENT_HEAD = re.compile(
+    rb'\{"comm_id": "([0-9A-Za-z_-]*)", "data": \{"type": "text", "n": ([1-9][0-9]{0,17}), '
+    rb'"token": "([0-9A-Za-z_-]*)", ("more": true, )?"text": "'
+)
+#: Contents shorter than this go to the JSON parser (the fast path pays off on large blocks).
+_FAST_TEXT_MIN_BYTES = 4096
+
+
+def _unpack_content(session: Any, raw: bytes) -> Any:
+    """``session.unpack(raw)``; a large text frame of plain ASCII without ``json.loads``.
+
+    A text block is most of what the bridge carries and parsing it was a third of the host's
+    work per block. A content of exactly the kernel's layout whose text needs no escaping
+    (ASCII without quotes, backslashes, control characters or DEL: the escape scan the
+    budget needs anyway) decodes to what ``json.loads`` would give, so it is built directly,
+    and its text is remembered as plain (:func:`json_string_len` need not scan it again).
+    """
+    if len(raw) < _FAST_TEXT_MIN_BYTES or session.unpack is not _json_unpacker():
+        return session.unpack(raw)
+    head = _TEXT_CONTENT_HEAD.match(raw)
+    if head is None or not raw.endswith(b'"}}'):
+        return session.unpack(raw)
+    body = raw[head.end() : -3]
+    if not body.isascii() or _ascii_escape_extra(body):
+        return session.unpack(raw)
+    text = body.decode("ascii")
+    _PLAIN[0] = text
+    data: dict[str, Any] = {"type": TEXT, "n": int(head[2]), "token": head[3].decode()}
+    if head[4]:
+        data["more"] = True
+    data["text"] = text
+    return {"comm_id": head[1].decode(), "data": data}
+
+
+def _json_unpacker() -> Any:
+    from jupyter_client.session import json_unpacker  # the host's import; the kernel has it too
+
+    return json_unpacker
+
+
+#: The last text the host found plain by the scan above, by identity: a str is immutable,
+#: so the same object needs no second scan for its budget (json_string_len).
+_PLAIN: list[str | None] = [None]
 
 
 #: Ends the routing frames of a Jupyter message (jupyter_client's DELIM).
@@ -278,6 +325,8 @@ def json_string(text: str) -> str:
 
 def json_string_len(text: str) -> int:
     """``len(json.dumps(text))`` (what text() budgets charge), without building the string."""
+    if text is _PLAIN[0]:
+        return len(text) + 2  # scanned when its frame was unpacked (_unpack_content)
     if text.isascii():
         return len(text) + 2 + _ascii_escape_extra(text.encode("ascii"))
     return len(json.dumps(text))
