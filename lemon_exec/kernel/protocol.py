@@ -294,6 +294,8 @@ _JSON_LONG_ESCAPES = tuple(
     bytes([c]) for c in (*range(32), 127) if bytes([c]) not in _JSON_SHORT_ESCAPES
 )
 
+_JSON_ESCAPES = _JSON_SHORT_ESCAPES + _JSON_LONG_ESCAPES
+
 
 def _ascii_escape_extra(raw: bytes) -> int:
     """How many bytes longer than ``raw`` (plain ASCII) its JSON string body is.
@@ -318,8 +320,10 @@ def json_string(text: str) -> str:
     Bridge text is mostly plain ASCII (the script's own result); such a string encodes as
     itself between quotes, which a C-speed byte scan decides. Anything else is encoded.
     """
-    if text.isascii() and not _ascii_escape_extra(text.encode("ascii")):
-        return f'"{text}"'
+    if text.isascii():
+        raw = text.encode("ascii")
+        if not any(char in raw for char in _JSON_ESCAPES):  # stops at the first one found
+            return f'"{text}"'
     return json.dumps(text)
 
 
