@@ -20,7 +20,7 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from lemon_exec.kernel import cells, hostlink, protocol
+from lemon_exec.kernel import cells, hostlink, protocol, zmqwire
 from lemon_exec.kernel.app import LocalIOPubThread
 
 pytestmark = pytest.mark.timeout(30)
@@ -228,3 +228,27 @@ def test_forged_text_contents_are_parsed_as_json_would(content: bytes) -> None:
             protocol.unpack_signed(session, wire)
         return
     assert protocol.unpack_signed(session, wire)["content"] == expected
+
+
+def test_zmqwire_sends_and_receives_what_the_multipart_methods_do(
+    context: zmq.Context[Any], short_tmp: Path
+) -> None:
+    """send_frames / recv_frames, the private channels' wrapper-free multipart calls: frames
+    arrive whole and in order, NOBLOCK raises zmq.Again on an empty or full queue."""
+    address = f"ipc://{short_tmp}/wire"
+    push = context.socket(zmq.PUSH)
+    push.setsockopt(zmq.SNDHWM, 1)
+    push.setsockopt(zmq.LINGER, 0)
+    push.bind(address)
+    pull = _pull(context, address)
+    with pytest.raises(zmq.Again):
+        zmqwire.recv_frames(pull, zmqwire.NOBLOCK)
+    frames = [b"<IDS|MSG>", b"sig", b"header", b"{}", b"{}", b"y" * 100_000]
+    zmqwire.send_frames(push, frames, copy=False)
+    zmqwire.send_frames(push, [b"one"])
+    assert [f.bytes for f in zmqwire.recv_frames(pull, copy=False)] == frames
+    assert zmqwire.recv_frames(pull) == [b"one"]
+    pull.close(linger=0)  # nobody reads: the queue fills and a non-blocking send refuses
+    with pytest.raises(zmq.Again):
+        for _ in range(10_000):
+            zmqwire.send_frames(push, [b"a", b"b"], zmqwire.NOBLOCK)

@@ -49,6 +49,7 @@ from lemon_exec.host.output import format_size
 from lemon_exec.host.tree_removal import remove_tree
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
+from lemon_exec.kernel.zmqwire import NOBLOCK, recv_frames, send_frames
 
 log = logging.getLogger(__name__)
 
@@ -396,7 +397,7 @@ class ManagedKernel:
         packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
         frames = protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed)
         try:  # without a future per reply; only a full queue waits (in pyzmq's send queue)
-            self._replies_plain.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            send_frames(self._replies_plain, frames, NOBLOCK, copy=False)
         except zmq.Again:
             self._replies.send_multipart(frames, copy=False)
 
@@ -433,7 +434,7 @@ class ManagedKernel:
                 for _ in range(_READ_BURST):
                     try:
                         # copy=False: the size is checked before any byte is copied or decoded.
-                        frames = plain.recv_multipart(zmq.NOBLOCK, copy=False)
+                        frames = recv_frames(plain, NOBLOCK, copy=False)
                     except zmq.Again:
                         break
                     self._take(name, frames, session, route)

@@ -23,6 +23,7 @@ from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 from lemon_exec.kernel.protocol import HOST_IOPUB_ENV, HOST_REPLY_ENV
+from lemon_exec.kernel.zmqwire import send_frames
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
 
@@ -161,7 +162,7 @@ class LocalIOPubThread(IOPubThread):
         with self._host_lock:
             if self._host_backlog or host.closed:
                 return False
-            host.send_multipart(frames, copy=False)
+            send_frames(host, frames, copy=False)  # zmqwire: without pyzmq's per-frame wrapper
         return True
 
     def _oversize_note(self, frames: Any, size: int) -> list[bytes] | None:

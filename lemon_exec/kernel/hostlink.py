@@ -18,6 +18,7 @@ from typing import Any
 import zmq
 
 from lemon_exec.kernel import cells, protocol
+from lemon_exec.kernel.zmqwire import recv_frames
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def start_reply_reader(context: Any, address: str, session: Any) -> Any:
 def _serve(socket: Any, session: Any) -> None:
     while True:
         try:
-            raw = socket.recv_multipart(copy=False)
+            raw = recv_frames(socket, copy=False)
         except zmq.ContextTerminated:
             socket.close(linger=0)
             return
