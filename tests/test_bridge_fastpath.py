@@ -161,6 +161,7 @@ def test_json_string_and_its_length_match_json_dumps_on_random_text() -> None:
         if rng.random() < 0.3:
             text = "y" * rng.randint(0, 5000) + text  # a long plain run before the escapes
         assert protocol.json_string(text) == json.dumps(text), repr(text)
+        assert protocol.json_string_bytes(text) == json.dumps(text).encode(), repr(text)
         assert protocol.json_string_len(text) == len(json.dumps(text)), repr(text)
 
 

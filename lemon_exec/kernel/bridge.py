@@ -109,7 +109,7 @@ class CellBridge:
         continuation frames are never interleaved with another block's.
         """
         text = protocol.normalize_text(value)
-        encoded = protocol.json_string(text)  # once: the cost, the frame sizes and the frame
+        encoded = protocol.json_string_bytes(text)  # once: the cost, frame sizes and the frame
         encoded_len = len(encoded)
         with self._text_lock:
             with self._lock:
@@ -212,7 +212,7 @@ class CellBridge:
             if stream is not None:
                 stream.flush()
 
-    def _send_unchecked(self, frame: dict[str, Any], encoded_text: str | None = None) -> None:
+    def _send_unchecked(self, frame: dict[str, Any], encoded_text: bytes | None = None) -> None:
         if os.getpid() != self._pid:
             # A forked child must not use its parent's sockets; nothing it sent would arrive.
             from lemon_exec.kernel.forkguard import forked_child_error

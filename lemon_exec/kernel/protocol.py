@@ -327,6 +327,19 @@ def json_string(text: str) -> str:
     return json.dumps(text)
 
 
+def json_string_bytes(text: str) -> bytes:
+    """``json.dumps(text).encode("ascii")``: :func:`json_string` as the frame carries it.
+
+    Plain ASCII text is copied once, into its quotes (the kernel's text() path: the encoded
+    string was copied twice more on its way into the frame).
+    """
+    if text.isascii():
+        raw = text.encode("ascii")
+        if not any(char in raw for char in _JSON_ESCAPES):
+            return b"".join((b'"', raw, b'"'))
+    return json.dumps(text).encode("ascii")
+
+
 def json_string_len(text: str) -> int:
     """``len(json.dumps(text))`` (what text() budgets charge), without building the string."""
     if text is _PLAIN[0]:
@@ -357,10 +370,10 @@ def pack_signed(
     return [*([ident] if ident is not None else []), DELIM, signature, *parts]
 
 
-def comm_content(comm_id: str, frame: Any, encoded_text: str | None = None) -> bytes:
+def comm_content(comm_id: str, frame: Any, encoded_text: bytes | None = None) -> bytes:
     """The packed content of the ``comm_msg`` that carries ``frame`` (UTF-8 JSON).
 
-    A text frame's string is encoded once, by :func:`json_string` (or given as
+    A text frame's string is encoded once, by :func:`json_string_bytes` (or given as
     ``encoded_text``, its result), and spliced in. Raises UnicodeEncodeError for a lone
     surrogate (helper arguments must be valid text).
     """
@@ -370,8 +383,8 @@ def comm_content(comm_id: str, frame: Any, encoded_text: str | None = None) -> b
     rest = {key: value for key, value in frame.items() if key != "text"}
     head = pack_json({"comm_id": comm_id, "data": {**rest, "text": ""}})
     # ``head`` ends with the empty text's quotes and the two closing braces.
-    encoded = json_string(text) if encoded_text is None else encoded_text
-    return head[:-4] + encoded.encode("ascii") + b"}}"
+    encoded = json_string_bytes(text) if encoded_text is None else encoded_text
+    return b"".join((memoryview(head)[:-4], encoded, b"}}"))
 
 
 def pack_json(value: Any) -> bytes:
