@@ -109,6 +109,8 @@ class ManagedKernel:
             asyncio.get_running_loop().create_future()
         )
         self._disposed = False
+        #: Told to stop (SIGTERM/SIGKILL sent): its sockets closing is its exit, not a drop.
+        self._stopping = False
         #: Why the kernel is no longer trusted (the first protocol fault), or None.
         self.fault: str | None = None
         #: How many messages failed their signature check or were malformed.
@@ -343,6 +345,8 @@ class ManagedKernel:
 
     async def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the kernel's process group (the script's children included)."""
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopping = True
         with contextlib.suppress(ProcessLookupError, OSError, RuntimeError):
             await self._km.signal_kernel(signum)
 
@@ -485,7 +489,7 @@ class ManagedKernel:
         while True:
             event = await monitor.recv_multipart()
             endpoint = event[1].decode() if len(event) > 1 else ""
-            if self._disposed or not endpoint:
+            if self._disposed or self._stopping or not endpoint:
                 continue
             with contextlib.suppress(zmq.ZMQError):
                 socket.disconnect(endpoint)
