@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,6 +70,7 @@ def launched(
         "PUBLIC_KEY": gateway.public_key,
         "PORT_RANGE": "0..0",
         "LEMON_GATEWAY_KERNEL_IP": "127.0.0.1",
+        "TMPDIR": str(tmp_path),  # where its connection file goes
     }
     proc = subprocess.Popen(
         [sys.executable, "-m", "lemon_exec.kernel.gateway_launcher"],
@@ -112,7 +114,7 @@ def _run(client: BlockingKernelClient, code: str, timeout: float = 30) -> tuple[
 
 @pytest.mark.slow
 def test_reports_encrypted_ports_then_serves_interrupt_and_shutdown(
-    launched: tuple[subprocess.Popen[bytes], dict[str, Any], FakeGateway],
+    launched: tuple[subprocess.Popen[bytes], dict[str, Any], FakeGateway], tmp_path: Path
 ) -> None:
     proc, info, gateway = launched
     assert info["kernel_id"] == "k-1234"
@@ -139,6 +141,7 @@ def test_reports_encrypted_ports_then_serves_interrupt_and_shutdown(
     gateway.request(info, {"shutdown": 1})
     assert proc.wait(20) is not None
     assert pid_gone(proc.pid)
+    assert list(tmp_path.glob("lemon-gateway-kernel-*")) == []  # its key is not left behind
 
 
 def test_missing_gateway_values_are_a_usage_error() -> None:

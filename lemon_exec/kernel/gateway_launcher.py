@@ -22,11 +22,13 @@ encryption uses ``pycryptodomex`` (the ``gateway-kernel`` extra), as the gateway
 from __future__ import annotations
 
 import argparse
+import atexit
 import base64
 import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import sys
@@ -156,7 +158,7 @@ def send_connection_info(address: str, payload: bytes) -> None:
         conn.sendall(payload)
 
 
-def serve_requests(comm: socket.socket) -> None:
+def serve_requests(comm: socket.socket, connection_dir: str) -> None:
     """Carry out the gateway's signal and shutdown requests until it says shutdown."""
     while True:
         try:
@@ -181,6 +183,8 @@ def serve_requests(comm: socket.socket) -> None:
             # The whole process group: a script's children are interrupted or stopped too.
             os.killpg(os.getpgid(0), signum)
         if request.get("shutdown"):
+            # A signal's death runs no exit handler: the key's file goes first.
+            shutil.rmtree(connection_dir, ignore_errors=True)
             os.kill(os.getpid(), signal.SIGTERM)
             return
 
@@ -204,7 +208,11 @@ def main(argv: list[str] | None = None) -> None:
         "kernel_id": args.kernel_id,
     }
     send_connection_info(args.response_address, encrypt_payload(reported, args.public_key))
-    threading.Thread(target=serve_requests, args=(comm,), name="gateway-comm", daemon=True).start()
+    directory = os.path.dirname(path)
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)  # a normal exit
+    threading.Thread(
+        target=serve_requests, args=(comm, directory), name="gateway-comm", daemon=True
+    ).start()
 
     from lemon_exec.kernel.lean import skip_optional_modules
     from lemon_exec.kernel.supervise import supervise_kernel
