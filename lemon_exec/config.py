@@ -449,8 +449,7 @@ class ExecuteCodeConfig(Configurable):
 
     gateway_kernel_name = _Str(
         "lemon-python",
-        help="The kernelspec the Enterprise Gateway starts (it must run the lemon-python "
-        "kernel).",
+        help="The kernelspec the Enterprise Gateway starts (it must run the lemon-python kernel).",
     ).tag(config=True, convert=_coerce_text)
 
     # --- checks beyond conversion and clamping; they run for every assignment ----------------
