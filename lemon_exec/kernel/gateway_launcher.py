@@ -166,9 +166,13 @@ def serve_requests(comm: socket.socket, connection_dir: str) -> None:
         except OSError:
             return
         with conn:
+            conn.settimeout(5)  # a peer that never finishes cannot hold the gateway's requests up
             data = b""
             while len(data) <= _MAX_REQUEST:
-                chunk = conn.recv(4096)
+                try:
+                    chunk = conn.recv(4096)
+                except OSError:
+                    break
                 if not chunk:
                     break
                 data += chunk
@@ -191,7 +195,7 @@ def serve_requests(comm: socket.socket, connection_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    with contextlib.suppress(OSError):  # a group of our own: signals never reach our launcher
+    with contextlib.suppress(OSError):  # our own group: its signals reach no one else
         os.setpgid(0, 0)
     try:
         ports = port_range(args.port_range)
