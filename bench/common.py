@@ -10,7 +10,7 @@ import math
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,36 @@ class RawKernel:
             self.kc.stop_channels()
         with contextlib.suppress(Exception):
             await self.km.shutdown_kernel(now=True)
+
+
+async def timed_ms(awaitable: Awaitable[Any]) -> float:
+    """Wall-clock milliseconds ``awaitable`` takes."""
+    t0 = time.perf_counter()
+    await awaitable
+    return (time.perf_counter() - t0) * 1000
+
+
+async def alternate(
+    pairs: int,
+    first: Callable[[], Awaitable[float]],
+    second: Callable[[], Awaitable[float]],
+    *,
+    after: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[list[float], list[float]]:
+    """Samples of two measurements taken in turn, each going first every other pair (so
+    load from other processes slows both alike); ``after(i)`` runs after pair ``i``."""
+    a: list[float] = []
+    b: list[float] = []
+    for i in range(pairs):
+        if i % 2 == 0:
+            a.append(await first())
+            b.append(await second())
+        else:
+            b.append(await second())
+            a.append(await first())
+        if after is not None:
+            await after(i)
+    return a, b
 
 
 async def sleep_until(when: float) -> None:

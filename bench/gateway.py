@@ -24,7 +24,6 @@ import contextlib
 import json
 import socket
 import statistics
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -34,8 +33,10 @@ from bench.common import (
     TRIVIAL_CELL,
     TRIVIAL_SCRIPT,
     Report,
+    alternate,
     lemon_config,
     script_json,
+    timed_ms,
     timed_run,
     wait_quiet,
 )
@@ -175,8 +176,6 @@ async def _measure(
     tiny.write_text("hello from the benchmark\n")
 
     # Session cells against plain executes over the gateway's websocket, alternated.
-    lemon_ms: list[float] = []
-    raw_ms: list[float] = []
     untuned_ms: list[float] = []
     session = lemon_config(kernel_mode="session", warm_kernels=0, max_rpc_calls=1_000_000, **remote)
     async with ExecuteCode(session) as ec:
@@ -187,23 +186,17 @@ async def _measure(
                 await timed_run(ec, TRIVIAL_CELL, scope)
                 await raw.execute(TRIVIAL_CELL)
                 await untuned.execute(TRIVIAL_CELL)
-            for i in range(pairs):
 
-                async def lemon() -> None:
-                    lemon_ms.append((await timed_run(ec, TRIVIAL_CELL, scope))[0])
+            async def lemon() -> float:
+                return (await timed_run(ec, TRIVIAL_CELL, scope))[0]
 
-                async def plain() -> None:
-                    t0 = time.perf_counter()
-                    await raw.execute(TRIVIAL_CELL)
-                    raw_ms.append((time.perf_counter() - t0) * 1000)
-
-                first, second = (lemon, plain) if i % 2 == 0 else (plain, lemon)
-                await first()
-                await second()
+            async def sample_untuned(i: int) -> None:
                 if i % 5 == 0:  # context only: a fifth of the samples
-                    t0 = time.perf_counter()
-                    await untuned.execute(TRIVIAL_CELL)
-                    untuned_ms.append((time.perf_counter() - t0) * 1000)
+                    untuned_ms.append(await timed_ms(untuned.execute(TRIVIAL_CELL)))
+
+            lemon_ms, raw_ms = await alternate(
+                pairs, lemon, lambda: timed_ms(raw.execute(TRIVIAL_CELL)), after=sample_untuned
+            )
         finally:
             await raw.aclose()
             await untuned.aclose()

@@ -46,6 +46,7 @@ from bench.common import (  # noqa: E402
     TRIVIAL_SCRIPT,
     RawKernel,
     Report,
+    alternate,
     has_setting,
     lemon_config,
     log,
@@ -54,6 +55,7 @@ from bench.common import (  # noqa: E402
     script_json,
     sleep_until,
     summarize,
+    timed_ms,
     timed_run,
     wait_quiet,
 )
@@ -492,27 +494,19 @@ async def bench_session(ctx: Context) -> None:
     """session_rtt_p50_ms against raw_jupyter_rtt_p50_ms, alternating, both kernels warm."""
     plan, report = ctx.plan, ctx.report
     scope = ctx.scope("bench-session")
-    lemon_ms: list[float] = []
-    raw_ms: list[float] = []
     async with ExecuteCode(lemon_config(kernel_mode="session", warm_kernels=0)) as ec:
         raw = await RawKernel.start(ctx.interpreter, str(ctx.workdir))
         try:
             for _ in range(20):  # warm-up
                 await timed_run(ec, TRIVIAL_CELL, scope)
                 await raw.execute(TRIVIAL_CELL)
-            for i in range(plan.session_pairs):
 
-                async def lemon() -> None:
-                    lemon_ms.append((await timed_run(ec, TRIVIAL_CELL, scope))[0])
+            async def lemon() -> float:
+                return (await timed_run(ec, TRIVIAL_CELL, scope))[0]
 
-                async def plain() -> None:
-                    t0 = time.perf_counter()
-                    await raw.execute(TRIVIAL_CELL)
-                    raw_ms.append((time.perf_counter() - t0) * 1000)
-
-                first, second = (lemon, plain) if i % 2 == 0 else (plain, lemon)
-                await first()
-                await second()
+            lemon_ms, raw_ms = await alternate(
+                plan.session_pairs, lemon, lambda: timed_ms(raw.execute(TRIVIAL_CELL))
+            )
         finally:
             await raw.aclose()
     lemon_p50 = statistics.median(lemon_ms)
