@@ -138,3 +138,37 @@ def test_concurrent_requests_each_get_their_own_kernel(short_dir: Path) -> None:
             await server.aclose()
 
     asyncio.run(main())
+
+
+def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> None:
+    """A kernel reaped by the template, its report not yet read, still gets its real status.
+
+    The host sees the pid gone before it reads the template's exit report; reading that as
+    "killed" (-9) once turned ``os._exit(7)`` into "Script exited with code -9".
+    """
+    template_cwd = short_dir / "template"
+    template_cwd.mkdir()
+
+    async def main() -> None:
+        server = ForkServer("race-exit", sys.executable, dict(os.environ), str(template_cwd))
+        await server.start()
+        try:
+            assert await server.wait_ready(30), "the template did not start"
+            argv, cwd = kernel_request(short_dir, "k")
+            pid = await server.fork(argv, dict(os.environ), cwd, None)
+            cwd_of(pid, str(template_cwd))
+            process = forkserver.ForkedProcess(server, pid)
+            # Without yielding to the loop, so the template's report stays unread.
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while forkserver._exists(pid):
+                assert time.monotonic() < deadline, "the kernel did not end"
+                time.sleep(0.002)
+            assert process.poll() is not None, "a reaped kernel must read as ended"
+            status = await process.settle()
+            assert status == server.exit_status(pid), "the template's report was not used"
+            assert status != -signal.SIGKILL
+        finally:
+            await server.aclose()
+
+    asyncio.run(main())

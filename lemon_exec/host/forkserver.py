@@ -318,8 +318,21 @@ class ForkedProcess:
             if status is not None:
                 self.returncode = status
             elif not _exists(self.pid):
+                if self._server.alive:
+                    # Reaped, its report still in flight: ended, but the status is not final.
+                    return -signal.SIGKILL
                 self.returncode = -signal.SIGKILL  # gone without a report: the template died
         return self.returncode
+
+    async def settle(self, timeout: float = 1.0) -> int | None:
+        """The exit status once the template's report is in (``poll()`` may answer first)."""
+        deadline = time.monotonic() + timeout
+        while self.returncode is None and self.poll() is not None:
+            if time.monotonic() > deadline:
+                self.returncode = -signal.SIGKILL
+                break
+            await asyncio.sleep(0.002)
+        return self.poll()
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

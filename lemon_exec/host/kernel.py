@@ -42,6 +42,7 @@ from lemon_exec.errors import InterpreterError, KernelStartError
 from lemon_exec.host import external, hygiene
 from lemon_exec.host.backend import MessageSink
 from lemon_exec.host.connfile import PrivateKernelManager
+from lemon_exec.host.forkserver import ForkedProcess
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.limits import KernelCgroup
@@ -337,6 +338,10 @@ class ManagedKernel:
     async def exit_status(self) -> int | None:
         """The process's exit status once it has ended (negative: killed by that signal)."""
         provisioner = self._km.provisioner
+        process = getattr(provisioner, "process", None)
+        if isinstance(process, ForkedProcess):
+            # A forked kernel's status comes in the template's report, just after the reap.
+            await process.settle()
         status = None if provisioner is None else await provisioner.poll()
         if self._sandbox_dir is not None and status is not None and 128 < status <= 128 + 64:
             # bwrap reports a kernel killed by signal N as exit status 128 + N.
