@@ -336,12 +336,11 @@ class ForkedProcess:
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
+        while (status := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
                 raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
             time.sleep(0.005)
-        assert self.returncode is not None
-        return self.returncode
+        return status
 
     def send_signal(self, signum: int) -> None:
         if self.poll() is None:
