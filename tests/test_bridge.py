@@ -498,13 +498,30 @@ def test_batch_concurrency_bounded_by_max_parallel(
     assert result.details["rpc_calls"] == 9
 
 
-def test_batch_uses_at_most_sixteen_threads(ec: ExecuteCode, scope: SessionScope) -> None:
+def test_batch_has_at_most_sixteen_calls_in_flight(ec: ExecuteCode, scope: SessionScope) -> None:
     script = "batch([('ls', {'path': f'@sleep=0.5;tag={i}'}) for i in range(40)])\n"
     with configured(ec, max_parallel_rpc=32):
         result = run(ec, scope, script)
     assert result.details["exit_code"] == 0, result.content
     assert PROBE.max_active == 16
     assert result.details["rpc_calls"] == 40
+
+
+def test_batch_slow_call_does_not_hold_up_the_rest(ec: ExecuteCode, scope: SessionScope) -> None:
+    # One slow call among many fast ones: the fast calls beyond the first 16 still go out
+    # (and finish) while the slow one runs, as with a pool of workers.
+    script = (
+        "calls = [('ls', {'path': '@sleep=1.5;tag=slow'})]\n"
+        "calls += [('ls', {'path': f'@sleep=0.02;tag=f{i}'}) for i in range(40)]\n"
+        "out = batch(calls)\n"
+        "assert out == ['slow'] + [f'f{i}' for i in range(40)], out\n"
+    )
+    with configured(ec, max_parallel_rpc=32):
+        result = run(ec, scope, script)
+    assert result.details["exit_code"] == 0, result.content
+    fast = [at for tag, at in PROBE.finished.items() if tag != "slow"]
+    assert len(fast) == 40
+    assert max(fast) < PROBE.finished["slow"], "fast calls waited behind the slow one"
 
 
 def test_batch_reraises_first_failure_after_all_complete(

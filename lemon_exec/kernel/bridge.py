@@ -16,6 +16,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from jupyter_client.session import extract_header
@@ -30,13 +31,20 @@ class ToolError(Exception):
 class _Pending:
     """A frame that waits for the host's reply (and, before it, the host's ack)."""
 
-    __slots__ = ("acked", "event", "reply")
+    __slots__ = ("acked", "answered", "event", "reply")
 
-    def __init__(self) -> None:
+    def __init__(self, answered: threading.Event | None = None) -> None:
         self.event = threading.Event()
         self.reply: dict[str, Any] | None = None
         #: The host has the frame: from then on the wait has no bound but the cell's end.
         self.acked = False
+        #: Also set on an answer: the event a batch() waits on for any of its calls.
+        self.answered = answered
+
+    def wake(self) -> None:
+        self.event.set()
+        if self.answered is not None:
+            self.answered.set()
 
 
 def ack_timeout_s() -> float:
@@ -90,16 +98,76 @@ class CellBridge:
 
     def call(self, tool: str, params: dict[str, Any]) -> str:
         """Run one helper call on the host and return its text; raise ToolError on failure."""
+        key, pending = self._start_call(tool, params)
+        return _call_result(tool, self._await(key, pending))
+
+    def call_many(
+        self, calls: Sequence[tuple[str, dict[str, Any]]], window: int
+    ) -> list[str | ToolError]:
+        """Run helper calls with up to ``window`` in flight; each one's text or ToolError.
+
+        Pipelined from the calling thread: a new frame goes out whenever a call in flight is
+        answered (any of them, so one slow call does not hold up the rest), and a batch
+        costs no thread and no wake-up per call. Each call is a call of its own on the host
+        (its id, its slot, its budget charge).
+        """
+        results: list[str | ToolError] = [ToolError(protocol.CELL_CLOSED)] * len(calls)
+        answered = threading.Event()  # set whenever a call of this batch is answered
+        in_flight: dict[tuple[str, int], tuple[int, str, _Pending, float]] = {}
+        queued = iter(enumerate(calls))
+        try:
+            while True:
+                while len(in_flight) < window and (item := next(queued, None)) is not None:
+                    index, (tool, params) = item
+                    try:
+                        key, pending = self._start_call(tool, params, answered)
+                    except ToolError as exc:  # this call's own failure (e.g. a bad argument)
+                        results[index] = exc
+                    else:
+                        in_flight[key] = (index, tool, pending, time.monotonic())
+                if not in_flight:
+                    return results
+                answered.wait(0.25)  # short slices: SIGINT must get through
+                answered.clear()  # before the scan: a later answer sets it again
+                now = time.monotonic()
+                for key, (index, tool, pending, sent) in list(in_flight.items()):
+                    error = None
+                    if pending.event.is_set() or self._closed:
+                        if pending.reply is None:
+                            error = ToolError(protocol.CELL_ENDED)
+                    elif not pending.acked and now - sent > self._ack_timeout_s:
+                        error = ToolError(
+                            protocol.NO_REPLY.format(timeout=self._ack_timeout_s, kind=key[0])
+                        )
+                    else:
+                        continue
+                    del in_flight[key]
+                    with self._lock:
+                        self._pending.pop(key, None)
+                    if error is not None:
+                        results[index] = error
+                        continue
+                    assert pending.reply is not None
+                    try:
+                        results[index] = _call_result(tool, pending.reply)
+                    except ToolError as exc:
+                        results[index] = exc
+        finally:  # interrupted: nobody waits for the calls still in flight
+            with self._lock:
+                for key in in_flight:
+                    self._pending.pop(key, None)
+
+    def _start_call(
+        self, tool: str, params: dict[str, Any], answered: threading.Event | None = None
+    ) -> tuple[tuple[str, int], _Pending]:
+        """Send one call frame; the key and pending entry its reply will be matched to."""
         with self._lock:
             self._check_open()
             self._next_call_id += 1
             call_id = self._next_call_id
         frame = protocol.call_frame(call_id, self._token, tool, params)
-        reply = self._request((protocol.CALL, call_id), frame)
-        content = reply.get("content")
-        if reply.get("ok") is True and isinstance(content, str):
-            return content
-        raise ToolError(str(reply.get("error") or f"{tool} failed"))
+        key = (protocol.CALL, call_id)
+        return key, self._register_and_send(key, frame, answered)
 
     def text(self, value: object) -> None:
         """Emit one text() block; acknowledged by the host before it returns (write-through).
@@ -162,19 +230,19 @@ class CellBridge:
             n = self._notify_n
         self._send(protocol.notify_frame(n, self._token, msg))
 
-    def _request(
-        self, key: tuple[str, int], frame: dict[str, Any], *, size_checked: bool = False
-    ) -> dict[str, Any]:
-        pending = _Pending()
+    def _register_and_send(
+        self, key: tuple[str, int], frame: dict[str, Any], answered: threading.Event | None = None
+    ) -> _Pending:
+        pending = _Pending(answered)
         with self._lock:
             self._pending[key] = pending
         try:
-            self._send(frame, size_checked=size_checked)
+            self._send(frame)
         except BaseException:
             with self._lock:
                 self._pending.pop(key, None)
             raise
-        return self._await(key, pending)
+        return pending
 
     def _await(self, key: tuple[str, int], pending: _Pending) -> dict[str, Any]:
         # The host acknowledges a call as soon as it has the frame, and answers a text block
@@ -198,9 +266,8 @@ class CellBridge:
             raise ToolError(protocol.CELL_ENDED)
         return pending.reply
 
-    def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
-        if not size_checked:
-            _check_frame_size(frame)
+    def _send(self, frame: dict[str, Any]) -> None:
+        _check_frame_size(frame)
         self._flush_output()
         self._send_unchecked(frame)
 
@@ -254,7 +321,7 @@ class CellBridge:
         if pending is None or pending.event.is_set():
             return False
         pending.reply = reply
-        pending.event.set()
+        pending.wake()
         return True
 
     def close(self) -> None:
@@ -263,7 +330,14 @@ class CellBridge:
             self._closed = True
             waiting = list(self._pending.values())
         for pending in waiting:
-            pending.event.set()
+            pending.wake()
+
+
+def _call_result(tool: str, reply: dict[str, Any]) -> str:
+    content = reply.get("content")
+    if reply.get("ok") is True and isinstance(content, str):
+        return content
+    raise ToolError(str(reply.get("error") or f"{tool} failed"))
 
 
 def _check_frame_size(frame: dict[str, Any]) -> None:

@@ -11,8 +11,9 @@ and helpers raise ToolError.
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from lemon_exec.kernel import cells
@@ -20,8 +21,8 @@ from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
 from lemon_exec.kernel.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD, normalize_text
 
-#: batch() never uses more threads than this; the host dispatches max_parallel_rpc at once.
-BATCH_MAX_THREADS = 16
+#: batch() never has more calls than this in flight; the host runs max_parallel_rpc at once.
+BATCH_MAX_IN_FLIGHT = 16
 
 
 def _bridge() -> CellBridge | None:
@@ -36,7 +37,31 @@ def _call(tool: str, **params: Any) -> str:
     if bridge is None:
         raise ToolError(NO_HOST)
     # None means "the tool's default", so it is left out: read(path=p) == read(p, None, None).
-    return bridge.call(tool, {k: v for k, v in params.items() if v is not None})
+    return _send(bridge, tool, {k: v for k, v in params.items() if v is not None})
+
+
+class _Captured(BaseException):
+    """The call a helper was about to send (batch() runs helpers to learn their calls).
+
+    A BaseException, so that no ``except Exception`` in a helper can swallow it.
+    """
+
+    def __init__(self, tool: str, params: dict[str, Any]) -> None:
+        super().__init__(tool)
+        self.tool = tool
+        self.params = params
+
+
+#: Per thread: what a helper's bridge call does instead of sending (set inside batch()).
+_intercept = threading.local()
+
+
+def _send(bridge: CellBridge, tool: str, params: dict[str, Any]) -> str:
+    """Every helper's one bridge call: sent, or handled by batch()'s interception."""
+    hook: Callable[[str, dict[str, Any]], str] | None = getattr(_intercept, "hook", None)
+    if hook is not None:
+        return hook(tool, params)
+    return bridge.call(tool, params)
 
 
 def read(path: str, offset: int | None = None, limit: int | None = None) -> str:
@@ -97,7 +122,7 @@ def _call_registered(tool: str, params: dict[str, Any]) -> str:
     bridge = _bridge()
     if bridge is None:
         raise ToolError(NO_HOST)
-    return bridge.call(tool, params)
+    return _send(bridge, tool, params)
 
 
 #: The registered tools beyond the five, built once per digest: (digest, name -> function).
@@ -135,27 +160,54 @@ def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
     """
     jobs = list(calls)
     outcomes: list[tuple[bool, Any]] = [(False, None)] * len(jobs)
-    runnable: list[tuple[int, Callable[[], str]]] = []
+    # Each helper is run once to learn the call it makes (its frame is never sent), the
+    # calls go out pipelined from this thread, and each helper is run again with its answer
+    # to shape its result (a structured tool's JSON becomes objects) as a direct call would.
+    captured: list[tuple[int, Callable[[], Any], _Captured]] = []
     for index, job in enumerate(jobs):
         try:
-            runnable.append((index, _batch_target(index, job)))
-        except ToolError as exc:
+            run = _batch_target(index, job)
+            outcomes[index] = (True, _with_hook(_capture, run))  # made no call: its result
+        except _Captured as call:
+            captured.append((index, run, call))
+        except Exception as exc:  # the item's own failure (a wrong keyword, no host, ...)
             outcomes[index] = (False, exc)
-    if runnable:
-        with ThreadPoolExecutor(max_workers=min(BATCH_MAX_THREADS, len(runnable))) as pool:
-            futures = [(index, pool.submit(func)) for index, func in runnable]
-            for index, future in futures:  # wait every call out before raising
-                try:
-                    outcomes[index] = (True, future.result())
-                except BaseException as exc:  # re-raised below, in input order
-                    outcomes[index] = (False, exc)
+    if captured:
+        bridge = _bridge()
+        assert bridge is not None  # else every helper raised NO_HOST instead of a call
+        answers = bridge.call_many(
+            [(call.tool, call.params) for _i, _r, call in captured], BATCH_MAX_IN_FLIGHT
+        )
+        for (index, run, _call), answer in zip(captured, answers, strict=True):
+            try:
+                outcomes[index] = (True, _with_hook(partial(_answer, answer), run))
+            except Exception as exc:
+                outcomes[index] = (False, exc)
     for ok, value in outcomes:
         if not ok:
             raise value
     return [value for _, value in outcomes]
 
 
-def _batch_target(index: int, job: object) -> Callable[[], str]:
+def _capture(tool: str, params: dict[str, Any]) -> str:
+    raise _Captured(tool, params)
+
+
+def _answer(answer: str | ToolError, _tool: str, _params: dict[str, Any]) -> str:
+    if isinstance(answer, ToolError):
+        raise answer
+    return answer
+
+
+def _with_hook(hook: Callable[[str, dict[str, Any]], str], run: Callable[[], Any]) -> Any:
+    _intercept.hook = hook
+    try:
+        return run()
+    finally:
+        _intercept.hook = None
+
+
+def _batch_target(index: int, job: object) -> Callable[[], Any]:
     """The call item ``index`` makes; raises ToolError (that item's failure) when invalid."""
     if not (isinstance(job, tuple | list) and len(job) == 2):
         raise ToolError(f"batch() item {index} must be a (tool_name, params_dict) pair")
@@ -166,7 +218,7 @@ def _batch_target(index: int, job: object) -> Callable[[], str]:
     if not isinstance(params, dict):
         raise ToolError(f"batch() item {index}: params must be a dict, got {type(params).__name__}")
 
-    def run() -> str:
+    def run() -> Any:
         try:
             return helper(**params)
         except TypeError as exc:  # a wrong keyword is the model's mistake: say so as a ToolError
