@@ -592,7 +592,8 @@ def call_frame(id, tool='read', params=None, token=None):
     return {'type': 'call', 'id': id, 'token': b._token if token is None else token,
             'tool': tool, 'params': {'path': 'a.txt'} if params is None else params}
 def forge(frame, key=None):
-    return b._request(key or ('call', frame['id']), frame, size_checked=True)
+    key = key or ('call', frame['id'])
+    return b._await(key, b._register_and_send(key, frame, size_checked=True))
 """
 
 
@@ -858,7 +859,7 @@ def test_helpers_do_not_wait_for_a_busy_kernel_service_thread(
     ec: ExecuteCode, scope: SessionScope, thread: str
 ) -> None:
     """Frames go straight to the host's private channel and replies come back on the
-    private reply channel, read by a thread of their own: a helper call needs neither the
+    host link, read by a thread of their own: a helper call needs neither the
     control thread (busy with, say, a debugger request) nor the IOPub thread."""
     script = (
         STALL

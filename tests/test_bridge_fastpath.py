@@ -1,15 +1,16 @@
 """The bridge's fast path, piece by piece: frames packed once, sent past the IOPub thread only
-when nothing waits there, and replies read from the private reply channel.
+when nothing waits there, and replies read from the host link.
 
 End-to-end behaviour (helpers that do not wait for a busy control or IOPub thread, output
 that stays before the frames sent after it) is in ``test_bridge.py``; these tests pin down
-the mechanisms with real zmq sockets on ipc, in this process.
+the mechanisms with real sockets (the link's Unix socket, zmq on ipc), in this process.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from lemon_exec.kernel import cells, hostlink, protocol, zmqwire
+from lemon_exec.kernel import cells, hostlink, linkwire, protocol, zmqwire
 from lemon_exec.kernel.app import LocalIOPubThread
 
 pytestmark = pytest.mark.timeout(30)
@@ -40,6 +41,29 @@ def _pull(context: zmq.Context[Any], address: str) -> zmq.Socket[Any]:
     return socket
 
 
+def _link_pair(short_tmp: Path) -> tuple[hostlink.HostLink, socket.socket]:
+    """A kernel-side HostLink connected to a plain socket standing in for the host."""
+    path = str(short_tmp / "link")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+    link = hostlink.HostLink.connect(path)
+    host, _ = listener.accept()
+    listener.close()
+    host.settimeout(5)
+    return link, host
+
+
+def _recv_message(host: socket.socket, reader: linkwire.FrameReader) -> list[bytes]:
+    while True:
+        for message in reader.messages():
+            assert isinstance(message, list)
+            return message
+        data = host.recv(1 << 16)
+        assert data, "the link closed"
+        reader.feed(data)
+
+
 def test_a_frame_never_overtakes_messages_waiting_in_the_iopub_thread(
     context: zmq.Context[Any], short_tmp: Path
 ) -> None:
@@ -47,15 +71,13 @@ def test_a_frame_never_overtakes_messages_waiting_in_the_iopub_thread(
     public = context.socket(zmq.PUB)
     public.bind(f"ipc://{short_tmp}/pub")
     io = LocalIOPubThread(public, session=session)
-    address = f"ipc://{short_tmp}/host"
-    io.host_socket = context.socket(zmq.PUSH)
-    io.host_socket.bind(address)
-    host = _pull(context, address)
+    io.host_link, host = _link_pair(short_tmp)
+    reader = linkwire.FrameReader(2**20)
     io.start()
     try:
         # Nothing queued: the frame goes out from this thread.
         assert io.send_direct([b"direct"]) is True
-        assert host.recv_multipart() == [b"direct"]
+        assert _recv_message(host, reader) == [b"direct"]
         # Output waiting behind a busy IO thread: the frame must queue behind it.
         release = threading.Event()
         io.io_loop.add_callback(release.wait, 5)
@@ -63,18 +85,18 @@ def test_a_frame_never_overtakes_messages_waiting_in_the_iopub_thread(
         assert io.send_direct([b"frame"]) is False
         io.send_multipart([b"frame"])
         release.set()
-        assert host.recv_multipart() == [b"output"]
-        assert host.recv_multipart() == [b"frame"]
+        assert _recv_message(host, reader) == [b"output"]
+        assert _recv_message(host, reader) == [b"frame"]
         # Once the IO thread has caught up, the direct path is open again.
         deadline = time.monotonic() + 5
         while not io.send_direct([b"again"]):
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert host.recv_multipart() == [b"again"]
+        assert _recv_message(host, reader) == [b"again"]
     finally:
         io.stop()
         io.close()
-        host.close(linger=0)
+        host.close()
 
 
 class _Bridge:
@@ -90,13 +112,8 @@ class _Bridge:
 def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_tmp: Path) -> None:
     key = b"s" * 32
     kernel_session, host_session = Session(key=key), Session(key=key)
-    address = f"ipc://{short_tmp}/replies"
-    # Its own context: the reader's socket is closed by its thread when the context ends
-    # (as the kernel's is at exit), never from another thread.
-    context: zmq.Context[Any] = zmq.Context()
-    hostlink.start_reply_reader(context, address, kernel_session)
-    push = context.socket(zmq.PUSH)
-    push.connect(address)
+    link, host = _link_pair(short_tmp)
+    link.start_reader(kernel_session)
     bridge = _Bridge("c" * 32)
     saved = cells.STATE.bridge
     cells.STATE.bridge = bridge  # type: ignore[assignment]
@@ -104,7 +121,11 @@ def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_t
 
         def send(content: dict[str, Any], session: Session = host_session) -> None:
             packed = json.dumps(content).encode()
-            push.send_multipart(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
+            frames = protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed)
+            # In pieces of 7 bytes: the reader must join what the stream splits.
+            data = linkwire.pack_head(frames) + b"".join(frames)
+            for at in range(0, len(data), 7):
+                host.sendall(data[at : at + 7])
 
         send({"comm_id": "x" * 32, "id": 1, "ok": True, "content": "another cell's"})
         send({"comm_id": bridge.comm_id, "id": 2, "ok": True, "content": "forged"}, Session())
@@ -120,8 +141,33 @@ def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_t
         ]
     finally:
         cells.STATE.bridge = saved
-        push.close(linger=0)
-        context.term()  # returns once the reader thread has closed its socket
+        link.close()
+        host.close()
+
+
+def test_link_framing_round_trips_and_bounds_a_message() -> None:
+    frames = [b"<IDS|MSG>", b"sig", b"{}", b"", memoryview(b"content"), bytearray(b"buf")]
+    wire = linkwire.pack_head(frames) + b"".join(bytes(f) for f in frames)
+    reader = linkwire.FrameReader(max_bytes=64)
+    big = [b"x" * 100]
+    oversized = linkwire.pack_head(big) + big[0]
+    stream = wire + oversized + wire
+    got: list[Any] = []
+    for at in range(0, len(stream), 5):  # fed in small pieces, as a stream arrives
+        reader.feed(stream[at : at + 5])
+        got.extend(reader.messages())
+    plain = [bytes(f) for f in frames]
+    assert got == [plain, 100, plain]  # the oversized one is skipped, its size reported
+    with pytest.raises(ValueError):
+        linkwire.pack_head([])
+    bad = linkwire.FrameReader(max_bytes=64)
+    bad.feed(b"\x05\x00\x00\x00\xff\x00\x00\x00")  # 255 frames: no sender writes that
+    with pytest.raises(linkwire.LinkFramingError):
+        list(bad.messages())
+    lying = linkwire.FrameReader(max_bytes=64)
+    lying.feed(b"\x04\x00\x00\x00\x01\x00\x00\x00\x09\x00\x00\x00abcd")
+    with pytest.raises(linkwire.LinkFramingError):
+        list(lying.messages())
 
 
 @pytest.mark.parametrize(

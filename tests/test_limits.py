@@ -105,7 +105,7 @@ def test_fork_bomb_is_contained(facade: ExecuteCode) -> None:
 @pytest.mark.parametrize("facade", [{"kernel_max_open_files": 80}], indirect=True)
 def test_open_files_are_limited(facade: ExecuteCode) -> None:
     # 80: room above the ~64 descriptors an idle kernel holds (zmq sockets and their
-    # mailboxes, the private IOPub and reply channels, captured output pipes).
+    # mailboxes, the host link, captured output pipes).
     # Run out of descriptors in a child: inside the kernel itself zmq aborts on EMFILE.
     child = (
         "import errno\n"

@@ -2,9 +2,10 @@
 
 Issue 11, item 6 and its neighbours, with real kernels started by the ``ExecuteCode`` facade:
 
-- a kernel whose messages fail their signature check (its session key replaced) or that
-  puts garbage frames on IOPub ends the call within a second as a protocol fault, its
-  state discarded (per_call and session; a session's next call gets a fresh kernel);
+- a kernel whose messages fail their signature check (its session key replaced), that
+  puts garbage frames on IOPub, writes bytes out of framing to its host link or shuts that
+  link down ends the call within a second as a protocol fault, its state discarded
+  (per_call and session; a session's next call gets a fresh kernel);
 - the kernel itself refuses to publish an IOPub message over the host's per-message limit:
   a short note takes its place and the rest of the cell's output arrives;
 - a helper, text() or notify() called in a child made by ``os.fork()`` raises ToolError at
@@ -40,6 +41,30 @@ FAULTS = {
         "get_ipython().kernel.iopub_socket.send_multipart([b'garbage', b'frames'])\n"
         "time.sleep(20)\n"
     ),
+    # Bytes that are not in the host link's framing, written to the link itself.
+    "link-garbage": (
+        "import time\n"
+        "from lemon_exec.kernel.app import LemonKernelApp\n"
+        "LemonKernelApp.instance().host_link._sock.sendall(b'\\xff' * 64)\n"
+        "time.sleep(20)\n"
+    ),
+    # The host link shut down by the script while the kernel lives on: nothing more can
+    # arrive. (A bare close() of the descriptor sends nothing while the kernel's reader
+    # thread still waits on it: the call then ends at its timeout, like any script that
+    # stops talking.)
+    "link-closed": (
+        "import socket, time\n"
+        "from lemon_exec.kernel.app import LemonKernelApp\n"
+        "LemonKernelApp.instance().host_link._sock.shutdown(socket.SHUT_RDWR)\n"
+        "time.sleep(20)\n"
+    ),
+}
+#: What the headline says is wrong, per fault.
+WHY = {
+    "bad-signature": "failed its signature check",
+    "garbage-frames": "was malformed",
+    "link-garbage": "the kernel's link to the host is out of step",
+    "link-closed": "the kernel closed its link to the host",
 }
 
 
@@ -87,8 +112,7 @@ def test_per_call_protocol_fault_ends_the_call_at_once(facade: ExecuteCode, faul
     result = run(facade, FAULTS[fault])
     assert_fault(result, time.monotonic() - started)
     assert result.details["state_retained"] is False
-    why = "failed its signature check" if fault == "bad-signature" else "was malformed"
-    assert why in result.content.splitlines()[0], result.content
+    assert WHY[fault] in result.content.splitlines()[0], result.content
 
 
 @pytest.mark.parametrize("fault", sorted(FAULTS))

@@ -215,8 +215,11 @@ def test_a_live_host_is_as_the_security_page_says(
         runtime = Path(socket_path).parent
         assert runtime.name == "runtime" and runtime.parent in roots, socket_path
         assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700, socket_path
-    # Seven per kernel (5 Jupyter channels + the host's private IOPub copy and reply channel).
-    assert len(listening) % 7 == 0 and len(listening) >= 14, listening
+    # Five per kernel (the Jupyter channels). The host link listens only until its kernel
+    # has connected: then its path is gone and only the connected pair remains.
+    assert len(listening) % 5 == 0 and len(listening) >= 10, listening
+    assert not [p for p in listening if p.endswith("-host")], listening
+    assert not list(base.glob("lemon-exec-*/runtime/*-host")), "a host link path was left"
 
     # Files: 0700 directories, 0600 files, ours; sockets only in runtime/; one symlink.
     keys: list[bytes] = []

@@ -354,13 +354,20 @@ class ForkedProcess:
 
 
 def _exists(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie does not (a kernel whose template died is
+    reparented and stays a zombie until its new parent reaps it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[:1]
+    except OSError:
+        return True  # no /proc: kill() said it exists
+    return state != [b"Z"]
 
 
 class ForkServerProvisioner(LocalProvisioner):

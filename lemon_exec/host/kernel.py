@@ -46,11 +46,12 @@ from lemon_exec.host.forkserver import ForkedProcess
 from lemon_exec.host.index import KernelStatus
 from lemon_exec.host.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.limits import KernelCgroup
+from lemon_exec.host.link import LinkEnd
 from lemon_exec.host.output import format_size
 from lemon_exec.host.tree_removal import remove_tree
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
-from lemon_exec.kernel.zmqwire import NOBLOCK, recv_frames, send_frames
+from lemon_exec.kernel.zmqwire import NOBLOCK, recv_frames
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +80,8 @@ class ManagedKernel:
         kernel_id: str,
         interpreter: str,
         log_path: Path,
-        iopub: zmq.asyncio.Socket,
-        iopub_path: Path,
+        link: LinkEnd,
         sandbox_dir: Path | None = None,
-        replies: tuple[zmq.asyncio.Socket, Path] | None = None,
     ) -> None:
         self.kernel_id = kernel_id
         #: A sandboxed kernel's own runtime directory (the only part of it the kernel sees).
@@ -92,14 +91,8 @@ class ManagedKernel:
         self._km = km
         self._kc = kc
         self._log_path = log_path
-        self._iopub = iopub
-        self._iopub_path = iopub_path
-        #: The kernel's private reply channel (kernel/hostlink.py): replies skip control.
-        self._replies: zmq.asyncio.Socket | None = replies[0] if replies else None
-        self._replies_path: Path | None = replies[1] if replies else None
-        self._replies_plain: zmq.Socket[bytes] | None = (
-            None if replies is None else zmq.Socket.shadow(replies[0].underlying)
-        )
+        #: The host link (host/link.py): IOPub in, bridge replies out.
+        self._link = link
         #: The link that publishes the connection file to Jupyter Server (see publish()).
         self._published: Path | None = None
         self._sinks: dict[str, MessageSink] = {}
@@ -154,14 +147,11 @@ class ManagedKernel:
             # Shorter than the unsandboxed names, so check_socket_room's bound still holds.
             socket_base = sandbox_dir / "ipc"
             connection_file = sandbox_dir / f"kernel-{kernel_id}.json"
-        # The host reads IOPub on a private channel the kernel binds (see kernel/app.py).
-        iopub_path = Path(f"{socket_base}-host")
-        replies_path = Path(f"{socket_base}-repl")  # as long as iopub_path: same room check
-        env = {
-            **(env or {}),
-            protocol.HOST_IOPUB_ENV: f"ipc://{iopub_path}",
-            protocol.HOST_REPLY_ENV: f"ipc://{replies_path}",
-        }
+        # The host reads IOPub and sends bridge replies on a link of its own (host/link.py),
+        # listening before the kernel starts: the kernel connects while it initialises.
+        link_path = Path(f"{socket_base}-host")
+        link = LinkEnd(link_path)
+        env = {**(env or {}), protocol.HOST_LINK_ENV: str(link_path)}
         spec_manager = LemonKernelSpecManager(
             interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
         )
@@ -176,8 +166,6 @@ class ManagedKernel:
         log_path = runtime_dir / f"kernel-{kernel_id}.log"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         kernel: ManagedKernel | None = None
-        iopub: zmq.asyncio.Socket | None = None
-        replies: zmq.asyncio.Socket | None = None
         try:
             try:
                 await asyncio.wait_for(
@@ -198,18 +186,14 @@ class ManagedKernel:
             # No heartbeat (liveness is polled on the process, and its thread and socket per
             # kernel are wasted), no stdin (scripts have none) and not the public IOPub.
             kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
-            iopub = _connect_host_iopub(iopub_path)
-            replies = _connect_replies(replies_path)
             kernel = cls(
                 km,
                 kc,
                 kernel_id=kernel_id,
                 interpreter=interpreter,
                 log_path=log_path,
-                iopub=iopub,
-                iopub_path=iopub_path,
+                link=link,
                 sandbox_dir=sandbox_dir,
-                replies=(replies, replies_path),
             )
             kernel._start_readers()
             await kernel._wait_ready(time.monotonic() + timeout)
@@ -218,13 +202,8 @@ class ManagedKernel:
             if kernel is not None:
                 await kernel.kill()
             else:
-                if iopub is not None:
-                    iopub.close(linger=0)
-                if replies is not None:
-                    replies.close(linger=0)
+                link.close()
                 await _kill_manager(km)
-                _unlink(iopub_path)
-                _unlink(replies_path)
                 _remove_dir(sandbox_dir)
             _unlink(log_path)
             raise
@@ -279,14 +258,9 @@ class ManagedKernel:
         self._close_monitors()
         self._unpublish()
         self._kc.stop_channels()
-        self._iopub.close(linger=0)
-        if self._replies is not None:
-            self._replies.close(linger=0)
+        self._link.close()
         await _kill_manager(self._km)
         _unlink(self._log_path)
-        _unlink(self._iopub_path)
-        if self._replies_path is not None:
-            _unlink(self._replies_path)
         _remove_dir(self._sandbox_dir)
 
     def kill_sync(self) -> None:
@@ -303,10 +277,9 @@ class ManagedKernel:
             elif pid:
                 os.kill(pid, signal.SIGKILL)
         self._unpublish()
-        for path in (Path(self.connection_file), self._log_path, self._iopub_path):
+        self._link.close()
+        for path in (Path(self.connection_file), self._log_path):
             _unlink(path)
-        if self._replies_path is not None:
-            _unlink(self._replies_path)
         _remove_dir(self._sandbox_dir)
         self._close_monitors()
 
@@ -396,23 +369,28 @@ class ManagedKernel:
         return msg_id
 
     def send_bridge_reply(self, content: dict[str, Any]) -> None:
-        """Send a bridge reply on the private reply channel, else on control (§3)."""
+        """Send a bridge reply on the host link, else on control (§3)."""
         if self._disposed:
             return
         session = self._kc.session
-        if self._replies is None or self._replies_plain is None:
-            self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
+        if self._link.connected:
+            packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
+            self._link.send(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
             return
-        packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
-        frames = protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed)
-        try:  # without a future per reply; only a full queue waits (in pyzmq's send queue)
-            send_frames(self._replies_plain, frames, NOBLOCK, copy=False)
-        except zmq.Again:
-            self._replies.send_multipart(frames, copy=False)
+        self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
 
     def _start_readers(self) -> None:
+        session = self._kc.session
+        self._readers.append(
+            asyncio.create_task(
+                self._link.serve(
+                    lambda frames: self._take("IOPub", frames, session, self._route_iopub),
+                    lambda size: self._dropped("IOPub", _drop_note(size)),
+                    self._link_ended,
+                )
+            )
+        )
         channels = (
-            ("IOPub", self._iopub, self._route_iopub),
             ("shell", self._kc.shell_channel.socket, self._route_reply),
             ("control", self._kc.control_channel.socket, _ignore),
         )
@@ -421,6 +399,21 @@ class ManagedKernel:
             monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             self._monitors.append(monitor)
             self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
+
+    def _link_ended(self, problem: str | None) -> None:
+        """The kernel's link closed: its exit, unless the kernel lives on without it."""
+        if self._disposed or self._stopping:
+            return
+        if problem is not None:
+            self._faulted("IOPub", problem)
+            return
+        task = asyncio.ensure_future(self._check_link_closed())
+        self._readers.append(task)
+
+    async def _check_link_closed(self) -> None:
+        await asyncio.sleep(_DISCONNECT_SETTLE_S)  # a dying kernel closes it just before exit
+        if not self._disposed and not self._stopping and await self.is_alive():
+            self._faulted("IOPub", "the kernel closed its link to the host")
 
     async def _read(
         self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
@@ -528,7 +521,7 @@ class ManagedKernel:
         sockets = [
             getattr(c, "socket", None) for c in (self._kc.shell_channel, self._kc.control_channel)
         ]
-        for socket in (self._iopub, *sockets):
+        for socket in sockets:
             if socket is not None and not socket.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     socket.disable_monitor()
@@ -565,12 +558,9 @@ _RECONNECT_IVL_MAX_MS = 100
 def shared_context() -> zmq.asyncio.Context:
     """One zmq context (one IO thread) for every kernel connection of this process.
 
-    jupyter_client would otherwise create two per kernel. Receive queues are bounded: the
-    kernel's private IOPub channel to the host blocks instead of dropping, so a flood of
-    output waits in the kernel rather than piling up in this process (at most 64 messages of
-    <= 64 KiB).
-    No frame over MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel
-    sends.
+    jupyter_client would otherwise create two per kernel (IOPub comes on the host link,
+    host/link.py). Receive queues are bounded (64 messages). No frame over
+    MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel sends.
     """
     global _CONTEXT
     if _CONTEXT is None or _CONTEXT.closed:
@@ -583,23 +573,6 @@ def shared_context() -> zmq.asyncio.Context:
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
     return _CONTEXT
-
-
-def _connect_host_iopub(path: Path) -> zmq.asyncio.Socket:
-    """The host's end of the kernel's private IOPub channel (see kernel/app.py)."""
-    socket = shared_context().socket(zmq.PULL)
-    socket.setsockopt(zmq.LINGER, 0)  # retried quickly until the kernel binds (see above)
-    socket.connect(f"ipc://{path}")
-    return socket
-
-
-def _connect_replies(path: Path) -> zmq.asyncio.Socket:
-    """The host's end of the kernel's private reply channel (see kernel/hostlink.py)."""
-    socket = shared_context().socket(zmq.PUSH)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.RECONNECT_IVL, 10)
-    socket.connect(f"ipc://{path}")
-    return socket
 
 
 def _drop_note(size: int | None, *, lost_around: bool = False) -> str:

@@ -10,7 +10,6 @@ import sys
 import threading
 from typing import Any
 
-import zmq
 from ipykernel import kernelapp
 from ipykernel.iostream import IOPubThread
 from ipykernel.kernelapp import IPKernelApp
@@ -18,18 +17,13 @@ from ipykernel.kernelbase import Kernel
 from traitlets import DottedObjectName, Type
 from traitlets.config import Config
 
-from lemon_exec.kernel.hostlink import start_reply_reader
+from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
-from lemon_exec.kernel.protocol import HOST_IOPUB_ENV, HOST_REPLY_ENV
-from lemon_exec.kernel.zmqwire import send_frames
+from lemon_exec.kernel.protocol import HOST_LINK_ENV
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
-
-#: Messages queued for the host before a send blocks. Small: a bridge frame waits behind at
-#: most this many output chunks (64 KiB each) on its way to the host.
-_HOST_IOPUB_HWM = 128
 
 #: How the note names what was not sent, by message type.
 _KINDS = {
@@ -48,8 +42,8 @@ class LemonKernelApp(IPKernelApp):
     # ipykernel leaves IPKernelApp's methods unannotated: calls into them are untyped calls.
     name = "lemon-python-kernel"
     kernel_class = Type(LemonKernel, klass=Kernel).tag(config=True)
-    #: The private reply channel's socket (kernel/hostlink.py), when the host gave one.
-    reply_socket: Any = None
+    #: The link to the host (kernel/hostlink.py), when the host gave one.
+    host_link: HostLink | None = None
     outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
         config=True
     )
@@ -93,17 +87,16 @@ class LemonKernelApp(IPKernelApp):
         # The public IOPub socket (the one in the connection file) keeps zmq's default: a
         # subscriber that falls behind loses messages, so a viewer that stops reading (a
         # suspended Jupyter Server, an idle client) never stalls a script. The host reads a
-        # private copy of every message instead, which blocks rather than drops: no bridge
-        # frame or output is ever lost, and with ChunkedStream a flooding script slows to
-        # the host's pace (docs/comm-protocol.md §7).
-        address = os.environ.pop(HOST_IOPUB_ENV, "")
-        if address:
+        # copy of every message on its link instead, which blocks rather than drops: no
+        # bridge frame or output is ever lost, and with ChunkedStream a flooding script
+        # slows to the host's pace (docs/comm-protocol.md §7). Bridge replies come back on
+        # the same link, read by a thread of their own (kernel/hostlink.py).
+        path = os.environ.pop(HOST_LINK_ENV, "")
+        if path:
             assert isinstance(self.iopub_thread, LocalIOPubThread)
-            self.iopub_thread.host_socket = _bind_host_iopub(context, address)
-        # Host replies to helper calls: read by a thread of their own (kernel/hostlink.py).
-        reply_address = os.environ.pop(HOST_REPLY_ENV, "")
-        if reply_address:
-            self.reply_socket = start_reply_reader(context, reply_address, self.session)
+            link = self.host_link = HostLink.connect(path)
+            self.iopub_thread.host_link = link
+            link.start_reader(self.session)
 
 
 class LocalIOPubThread(IOPubThread):
@@ -117,11 +110,11 @@ class LocalIOPubThread(IOPubThread):
     # ipykernel leaves IOPubThread's methods unannotated: calls into them are untyped calls.
     def __init__(self, socket: Any, pipe: bool = False, session: Any = False) -> None:
         super().__init__(socket, pipe=False, session=session)  # type: ignore[no-untyped-call]
-        #: The host's private channel (see LemonKernelApp.init_iopub), or None without a host.
-        self.host_socket: Any = None
-        # Messages handed to the IO thread and not yet on the host channel. A bridge frame
-        # goes straight to the host (send_direct) only when none are, so it never overtakes
-        # output printed before it; the lock also makes the socket's users take turns.
+        #: The link to the host (see LemonKernelApp.init_iopub), or None without a host.
+        self.host_link: HostLink | None = None
+        # Messages handed to the IO thread and not yet on the host link. A bridge frame goes
+        # straight to the host (send_direct) only when none are, so it never overtakes
+        # output printed before it; the lock keeps that check and the send together.
         self._host_lock = threading.Lock()
         self._host_backlog = 0
 
@@ -135,7 +128,7 @@ class LocalIOPubThread(IOPubThread):
                 if note is None:
                     return
                 args = (note, *args[1:])
-        counted = self.host_socket is not None
+        counted = self.host_link is not None
         if counted:
             with self._host_lock:
                 self._host_backlog += 1
@@ -156,13 +149,14 @@ class LocalIOPubThread(IOPubThread):
         Only while nothing sent before it waits in the IO thread (it would be overtaken);
         False means the caller must use :meth:`send_multipart`, which keeps the order.
         """
-        host = self.host_socket
-        if host is None or not self._is_master_process():  # type: ignore[no-untyped-call]
+        link = self.host_link
+        if link is None or not self._is_master_process():  # type: ignore[no-untyped-call]
             return False
         with self._host_lock:
-            if self._host_backlog or host.closed:
+            if self._host_backlog or link.closed:
                 return False
-            send_frames(host, frames, copy=False)  # zmqwire: without pyzmq's per-frame wrapper
+            with contextlib.suppress(OSError):  # the host is gone: its end is its to report
+                link.send(frames)
         return True
 
     def _oversize_note(self, frames: Any, size: int) -> list[bytes] | None:
@@ -197,31 +191,19 @@ class LocalIOPubThread(IOPubThread):
         # (jupyter_client's Session already drops what a child sends through it).
         if not self._is_master_process():  # type: ignore[no-untyped-call]
             return
-        host = self.host_socket
-        if host is not None:
+        link = self.host_link
+        if link is not None:
             with self._host_lock:
-                if not host.closed:
-                    # Blocks while the host's queue is full: the host never loses a message.
-                    host.send_multipart(msg, *args, **kwargs)
+                if not link.closed:
+                    # Blocks while the host is behind: the host never loses a message.
+                    with contextlib.suppress(OSError):  # the host is gone
+                        link.send(msg)
         super()._really_send(msg, *args, **kwargs)  # type: ignore[no-untyped-call]  # public: drops for slow subscribers
 
     def close(self) -> None:
         super().close()  # type: ignore[no-untyped-call]
-        if self.host_socket is not None:
-            self.host_socket.close(linger=1000)  # let the last messages (idle) reach the host
-
-
-def _bind_host_iopub(context: Any, address: str) -> Any:
-    """The host's private IOPub channel: a PUSH socket that blocks when the host lags.
-
-    PUSH, not PUB: nothing is dropped before the host has connected or while it is behind,
-    and nobody else reads it (its address is in the kernel's environment, never in the
-    connection file).
-    """
-    socket = context.socket(zmq.PUSH)
-    socket.setsockopt(zmq.SNDHWM, _HOST_IOPUB_HWM)
-    socket.bind(address)
-    return socket
+        if self.host_link is not None:
+            self.host_link.close()  # sends are synchronous: everything sent has arrived
 
 
 def _is_delimiter(frame: Any) -> bool:

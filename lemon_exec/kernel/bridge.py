@@ -3,9 +3,9 @@
 One :class:`CellBridge` exists per lemon script cell. Kernel → host frames are ``comm_msg``
 messages on IOPub whose parent is the cell's execute_request, so the host can tell them from
 anything else on the kernel (a person's own executions included). With a host of our own
-(its private IOPub channel, see app.py) a frame goes from the calling thread straight onto
+(its link, see hostlink.py) a frame goes from the calling thread straight onto
 that channel, unless output sent before it still waits in the IO thread. Host → kernel
-replies arrive on the private reply channel (hostlink.py) or the control channel, and are
+replies arrive on the host link (hostlink.py) or the control channel, and are
 delivered here from that channel's thread, which keeps running while the main thread is busy
 in the script (docs/comm-protocol.md §3).
 """
@@ -231,13 +231,18 @@ class CellBridge:
         self._send(protocol.notify_frame(n, self._token, msg))
 
     def _register_and_send(
-        self, key: tuple[str, int], frame: dict[str, Any], answered: threading.Event | None = None
+        self,
+        key: tuple[str, int],
+        frame: dict[str, Any],
+        answered: threading.Event | None = None,
+        *,
+        size_checked: bool = False,
     ) -> _Pending:
         pending = _Pending(answered)
         with self._lock:
             self._pending[key] = pending
         try:
-            self._send(frame)
+            self._send(frame, size_checked=size_checked)
         except BaseException:
             with self._lock:
                 self._pending.pop(key, None)
@@ -266,8 +271,9 @@ class CellBridge:
             raise ToolError(protocol.CELL_ENDED)
         return pending.reply
 
-    def _send(self, frame: dict[str, Any]) -> None:
-        _check_frame_size(frame)
+    def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
+        if not size_checked:
+            _check_frame_size(frame)
         self._flush_output()
         self._send_unchecked(frame)
 

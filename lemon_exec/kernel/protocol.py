@@ -30,17 +30,13 @@ CELL_METADATA_KEY = "lemon"
 #: kernel refuses shutdown requests from attached clients (the host stops it with signals).
 MANAGED_ENV = "LEMON_EXEC_MANAGED"
 
-#: The address of the host's private IOPub channel (a PUSH socket the kernel binds), given
-#: in the kernel's environment by the host. The host reads IOPub only there, with blocking
-#: semantics; the public IOPub socket of the connection file drops for slow subscribers, so
-#: a viewer that stops reading can never stall a script (docs/inspection.md).
-HOST_IOPUB_ENV = "LEMON_EXEC_HOST_IOPUB"
-
-#: The address of the kernel's private reply channel (a PULL socket the kernel binds, the
-#: host's PUSH connects), given in the kernel's environment next to HOST_IOPUB_ENV. Replies
-#: sent there are read by a thread of their own in the kernel, as soon as they arrive; the
-#: control channel stays the path for hosts that do not set it (docs/comm-protocol.md §3).
-HOST_REPLY_ENV = "LEMON_EXEC_HOST_REPLY"
+#: The path of the host link (kernel/hostlink.py): a Unix socket the host listens on in its
+#: private runtime directory, given in the kernel's environment by the host, never in the
+#: connection file. The host reads IOPub only there, with blocking semantics (the public
+#: IOPub socket drops for slow subscribers, so a viewer that stops reading can never stall a
+#: script; docs/inspection.md), and sends bridge replies there; the control channel stays
+#: the reply path for hosts that do not set it (docs/comm-protocol.md §3).
+HOST_LINK_ENV = "LEMON_EXEC_HOST_LINK"
 
 #: How long the kernel waits for the host to acknowledge a frame that needs an answer
 #: (a ``call``'s ack or a ``text`` block's reply) before failing the helper: a bound on a

@@ -4,7 +4,7 @@ ipykernel's OutStream buffers for 0.2 s without a size bound, so a tight print l
 build one enormous stream message (memory on both sides). During a script both sys.stdout
 and sys.stderr are one ChunkedStream: output keeps its order (the spec merges the two), and
 every 64 KiB it flushes synchronously, which also slows a flooding script to the pace at
-which the host drains IOPub (its private IOPub channel blocks rather than drops; see app.py).
+which the host drains IOPub (its link blocks rather than drops; see hostlink.py).
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Multipart send and receive on the bridge's private channels, without pyzmq's wrappers.
+"""Multipart send and receive on the host's kernel channels, without pyzmq's wrappers.
 
 ``Socket.send_multipart`` and ``recv_multipart`` are Python loops over pyzmq's compiled
 ``send``/``recv`` that build an enum flag per frame and type-check every part: about 15 us
-per Jupyter message of 6-7 frames, four times what the frames themselves cost. A helper
-call's round trip passes four of them (the frame and the reply, each sent and received), so
-both sides call the compiled methods directly with plain integer flags. Same semantics:
-every frame but the last carries SNDMORE, and a receive collects frames while RCVMORE is set.
+per Jupyter message of 6-7 frames, four times what the frames themselves cost. The host's
+shell and control readers call the compiled methods directly with plain integer flags. Same
+semantics: every frame but the last carries SNDMORE, and a receive collects frames while
+RCVMORE is set.
 """
 
 from __future__ import annotations
