@@ -524,6 +524,37 @@ def test_batch_slow_call_does_not_hold_up_the_rest(ec: ExecuteCode, scope: Sessi
     assert max(fast) < PROBE.finished["slow"], "fast calls waited behind the slow one"
 
 
+def test_helpers_from_many_threads_each_get_their_own_reply(
+    ec: ExecuteCode, scope: SessionScope
+) -> None:
+    # Waiting threads read the link one at a time and deliver each other's replies; when
+    # the reader's own reply comes it hands reading over. A slow call (0.3 s) among fast
+    # ones keeps some thread waiting while others come and go.
+    script = (
+        "import threading, json\n"
+        "out, errors = {}, []\n"
+        "def worker(i):\n"
+        "    try:\n"
+        "        if i == 0:\n"
+        "            out[i] = [ls(path='@sleep=0.3;tag=slow')]\n"
+        "        else:\n"
+        "            out[i] = [ls(path=f'@tag=t{i}-{k}') for k in range(9)]\n"
+        "    except BaseException as exc:\n"
+        "        errors.append(repr(exc))\n"
+        "threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]\n"
+        "for t in threads: t.start()\n"
+        "mine = batch([('ls', {'path': f'@tag=b{k}'}) for k in range(30)])\n"
+        "for t in threads: t.join()\n"
+        "ok = all(out.get(i) == [f't{i}-{k}' for k in range(9)] for i in range(1, 8))\n"
+        "print(json.dumps([errors, out.get(0), mine == [f'b{k}' for k in range(30)], ok]))\n"
+    )
+    with configured(ec, max_parallel_rpc=4):
+        result = run(ec, scope, script)
+    errors, slow, batch_ok, threads_ok = last_json(result.content)
+    assert errors == [] and slow == ["slow"] and batch_ok and threads_ok, result.content
+    assert result.details["rpc_calls"] == 1 + 7 * 9 + 30  # within the 100-call budget
+
+
 def test_batch_reraises_first_failure_after_all_complete(
     ec: ExecuteCode, scope: SessionScope
 ) -> None:
@@ -570,9 +601,13 @@ def test_batch_edge_cases(ec: ExecuteCode, scope: SessionScope) -> None:
 
 
 FORGE_PRELUDE = """
-import json, time
+import json, threading, time
 from lemon_exec.kernel import cells
+from lemon_exec.kernel.app import LemonKernelApp
 b = cells.STATE.bridge
+# Replies are read off the host link by the threads that wait for them: a forged frame's
+# reply, which nobody waits for, is read by waiting on the link.
+_link = LemonKernelApp.instance().host_link
 replies = []
 _deliver = b.deliver
 def _spy(reply):
@@ -586,7 +621,7 @@ def wait_reply(match, seconds=5.0):
         for r in replies:
             if match(r):
                 return r
-        time.sleep(0.01)
+        _link.wait(threading.Event(), 0.01)
     return None
 def call_frame(id, tool='read', params=None, token=None):
     return {'type': 'call', 'id': id, 'token': b._token if token is None else token,
@@ -858,9 +893,9 @@ def stall(thread, seconds):
 def test_helpers_do_not_wait_for_a_busy_kernel_service_thread(
     ec: ExecuteCode, scope: SessionScope, thread: str
 ) -> None:
-    """Frames go straight to the host's private channel and replies come back on the
-    host link, read by a thread of their own: a helper call needs neither the
-    control thread (busy with, say, a debugger request) nor the IOPub thread."""
+    """Frames go straight onto the host link and replies come back on it, read by the
+    waiting helper itself: a helper call needs neither the control thread (busy with, say,
+    a debugger request) nor the IOPub thread."""
     script = (
         STALL
         + f"""

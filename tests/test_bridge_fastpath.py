@@ -113,7 +113,7 @@ def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_t
     key = b"s" * 32
     kernel_session, host_session = Session(key=key), Session(key=key)
     link, host = _link_pair(short_tmp)
-    link.start_reader(kernel_session)
+    link.serve_replies(kernel_session)
     bridge = _Bridge("c" * 32)
     saved = cells.STATE.bridge
     cells.STATE.bridge = bridge  # type: ignore[assignment]
@@ -127,14 +127,20 @@ def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_t
             for at in range(0, len(data), 7):
                 host.sendall(data[at : at + 7])
 
-        send({"comm_id": "x" * 32, "id": 1, "ok": True, "content": "another cell's"})
-        send({"comm_id": bridge.comm_id, "id": 2, "ok": True, "content": "forged"}, Session())
-        send({"comm_id": bridge.comm_id, "id": 3, "ok": True, "content": "x\ud800y"})
+        def host_side() -> None:
+            send({"comm_id": "x" * 32, "id": 1, "ok": True, "content": "another cell's"})
+            send({"comm_id": bridge.comm_id, "id": 2, "ok": True, "content": "forged"}, Session())
+            send({"comm_id": bridge.comm_id, "id": 3, "ok": True, "content": "x\ud800y"})
+
+        sender = threading.Thread(target=host_side)
+        sender.start()
+        # A waiting thread reads the link and delivers what it finds (the event is never set).
         deadline = time.monotonic() + 5
         while not bridge.delivered:
             assert time.monotonic() < deadline
-            time.sleep(0.01)
-        time.sleep(0.05)
+            link.wait(threading.Event(), 0.05)
+        sender.join(5)
+        link.wait(threading.Event(), 0.05)
         # Unsigned (a session without the key) and foreign-cell replies are dropped.
         assert bridge.delivered == [
             {"comm_id": bridge.comm_id, "id": 3, "ok": True, "content": "x\ud800y"}

@@ -90,13 +90,13 @@ class LemonKernelApp(IPKernelApp):
         # copy of every message on its link instead, which blocks rather than drops: no
         # bridge frame or output is ever lost, and with ChunkedStream a flooding script
         # slows to the host's pace (docs/comm-protocol.md §7). Bridge replies come back on
-        # the same link, read by a thread of their own (kernel/hostlink.py).
+        # the same link, read by the helpers that wait for them (kernel/hostlink.py).
         path = os.environ.pop(HOST_LINK_ENV, "")
         if path:
             assert isinstance(self.iopub_thread, LocalIOPubThread)
             link = self.host_link = HostLink.connect(path)
             self.iopub_thread.host_link = link
-            link.start_reader(self.session)
+            link.serve_replies(self.session)
 
 
 class LocalIOPubThread(IOPubThread):

@@ -77,6 +77,8 @@ class CellBridge:
         #: ipykernel's IOPub thread behind the socket: it can send a frame directly.
         self._io_thread = getattr(iopub_socket, "io_thread", None)
         self._send_direct = getattr(self._io_thread, "send_direct", None)
+        #: The host link, when the host gave one: waiters read their replies off it.
+        self._link = getattr(self._io_thread, "host_link", None)
         # Packed once per cell: every frame carries the cell's request as its parent.
         self._parent_bytes: bytes = session.pack(extract_header(parent))
         self._pid = os.getpid()  # made per cell, in the kernel's main thread
@@ -127,7 +129,7 @@ class CellBridge:
                         in_flight[key] = (index, tool, pending, time.monotonic())
                 if not in_flight:
                     return results
-                answered.wait(0.25)  # short slices: SIGINT must get through
+                self._wait(answered, 0.25)  # short slices: SIGINT must get through
                 answered.clear()  # before the scan: a later answer sets it again
                 now = time.monotonic()
                 for key, (index, tool, pending, sent) in list(in_flight.items()):
@@ -257,7 +259,7 @@ class CellBridge:
         try:
             # Wait in short slices: the cell may end (close() wakes us) and the main thread
             # must stay interruptible by SIGINT while it waits.
-            while not pending.event.wait(0.25):
+            while not self._wait(pending.event, 0.25):
                 if self._closed:
                     break
                 if not pending.acked and time.monotonic() > deadline:
@@ -270,6 +272,12 @@ class CellBridge:
         if pending.reply is None:
             raise ToolError(protocol.CELL_ENDED)
         return pending.reply
+
+    def _wait(self, event: threading.Event, timeout: float) -> bool:
+        link = self._link
+        if link is not None:
+            return bool(link.wait(event, timeout))  # reads the replies itself (hostlink.py)
+        return event.wait(timeout)  # replies come on control, from the control thread
 
     def _send(self, frame: dict[str, Any], *, size_checked: bool = False) -> None:
         if not size_checked:

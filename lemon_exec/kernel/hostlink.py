@@ -3,9 +3,10 @@
 A host that starts the kernel itself listens on a socket in its private runtime directory
 and names it in the kernel's environment (``HOST_LINK_ENV``, never in the connection file).
 The kernel connects at start. Kernel → host: a blocking copy of every IOPub message (app.py)
-and the bridge's frames; host → kernel: bridge replies, read by a daemon thread of their own
-and handed to the waiting helper at once. Compared with ZeroMQ sockets this path has no
-IO thread on either side: a helper's round trip is three thread wake-ups instead of seven.
+and the bridge's frames; host → kernel: bridge replies, read by the threads that wait for
+them (:meth:`HostLink.wait`). Compared with ZeroMQ sockets this path has no IO thread on
+either side, and a helper that is answered promptly finds its reply without sleeping: its
+round trip is one thread wake-up (the host's loop) instead of seven.
 
 Messages are Jupyter wire messages in :mod:`linkwire` framing. Replies must carry a valid
 signature under the session key and name the open cell's comm id, exactly as on the control
@@ -18,9 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
+import select
 import signal
 import socket
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,6 +33,11 @@ from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 from lemon_exec.kernel.linkwire import FrameReader, LinkFramingError, pack_head
 
 log = logging.getLogger(__name__)
+
+#: How long a waiting thread keeps polling the link for its reply before it sleeps. Most
+#: helper calls are answered within it; waking a sleeping thread costs far more on a VM.
+SPIN_S = 0.001
+_RECV_BYTES = 1 << 16
 
 #: Bytes the kernel may have in flight to the host before a send waits (if the system
 #: allows as much): room for a few stream chunks or one large text frame.
@@ -43,8 +52,16 @@ class HostLink:
 
     def __init__(self, sock: socket.socket) -> None:
         self._sock = sock
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # senders take turns: a message goes out whole
         self.closed = False
+        #: The host closed the link (or it broke): no reply will come any more.
+        self.ended = False
+        self._session: Any = None
+        self._read_lock = threading.Lock()  # held by the one waiter reading the link
+        self._turns = threading.Condition()  # the other waiters wait here
+        self._frames = FrameReader(MAX_MESSAGE_BYTES)
+        self._poller = select.poll()
+        self._poller.register(sock.fileno(), select.POLLIN)
 
     @classmethod
     def connect(cls, path: str) -> HostLink:
@@ -75,43 +92,77 @@ class HostLink:
             else:
                 _send_all(self._sock, parts)
 
-    def start_reader(self, session: Any) -> None:
-        """Read host replies in a daemon thread and hand each to the open cell's bridge."""
-        thread = threading.Thread(
-            target=self._serve, args=(session,), name="lemon-bridge-replies", daemon=True
-        )
-        thread.start()
-
     def close(self) -> None:
         """Close the link; a send blocked on a host that stopped reading fails at once."""
         self.closed = True
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes the reader and any blocked sender
+            self._sock.shutdown(socket.SHUT_RDWR)  # wakes any waiter and any blocked sender
         if self._lock.acquire(timeout=1.0):
             try:
                 self._sock.close()
             finally:
                 self._lock.release()
 
-    def _serve(self, session: Any) -> None:
-        reader = FrameReader(MAX_MESSAGE_BYTES)
-        while True:
+    def serve_replies(self, session: Any) -> None:
+        """Deliver host replies, checked with ``session``, to the threads that wait for them."""
+        self._session = session
+
+    def wait(self, event: threading.Event, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for ``event``; returns whether it is set.
+
+        A waiting thread reads the link itself (one at a time: the others wait for it to
+        deliver their replies, or to hand over reading when its own reply has come). The
+        reader polls for :data:`SPIN_S` before it sleeps: a reply that comes within that
+        finds it awake, so neither the host's send nor the reply pays a thread's wake-up.
+        """
+        deadline = time.monotonic() + timeout
+        while not event.is_set():
+            if self._session is None or self.ended:
+                return event.wait(max(0.0, deadline - time.monotonic()))
+            if self._read_lock.acquire(blocking=False):
+                try:
+                    self._read_until(event, deadline)
+                finally:
+                    self._read_lock.release()
+                    with self._turns:
+                        self._turns.notify_all()  # another waiter takes over reading
+                return event.is_set()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._turns:
+                if not event.is_set() and self._read_lock.locked():
+                    self._turns.wait(remaining)
+        return True
+
+    def _read_until(self, event: threading.Event, deadline: float) -> None:
+        spin_until = time.monotonic() + SPIN_S
+        while not event.is_set():
             try:
-                data = self._sock.recv(1 << 16)
+                data = self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                now = time.monotonic()
+                if now >= deadline:
+                    return
+                if now >= spin_until:  # sleep until something arrives (or the slice ends)
+                    self._poller.poll(max(1, math.ceil((deadline - now) * 1000)))
+                continue
             except OSError:
-                return  # closed at exit
+                data = b""
             if not data:
-                return  # the host is gone
-            reader.feed(data)
+                self.ended = True  # the host is gone: nothing more will come
+                return
+            self._frames.feed(data)
             try:
-                for message in reader.messages():
+                for message in self._frames.messages():
                     if isinstance(message, list):
-                        deliver_reply(session, message)
+                        deliver_reply(self._session, message)
             except LinkFramingError:
                 log.error("bridge replies: the host link is out of step; replies stop here")
+                self.ended = True
                 return
-            except Exception:  # a bug here must not end the channel
-                log.exception("error delivering a bridge reply")
+            with self._turns:
+                self._turns.notify_all()  # a waiter whose reply came checks its event
 
 
 def _send_all(sock: socket.socket, parts: list[Any]) -> None:
