@@ -324,8 +324,12 @@ class ForkedProcess:
                 self.returncode = -signal.SIGKILL  # gone without a report: the template died
         return self.returncode
 
-    async def settle(self, timeout: float = 1.0) -> int | None:
-        """The exit status once the template's report is in (``poll()`` may answer first)."""
+    async def settle(self, timeout: float = 5.0) -> int | None:
+        """The exit status once the template's report is in (``poll()`` may answer first).
+
+        The template reaps and reports at once; the bound is for a template too loaded to
+        (its death ends the wait sooner: ``poll()`` then settles on -SIGKILL itself).
+        """
         deadline = time.monotonic() + timeout
         while self.returncode is None and self.poll() is not None:
             if time.monotonic() > deadline:
