@@ -60,6 +60,8 @@ class HostLink:
         self._read_lock = threading.Lock()  # held by the one waiter reading the link
         self._turns = threading.Condition()  # the other waiters wait here
         self._frames = FrameReader(MAX_MESSAGE_BYTES)
+        #: How long the last reply this link's reader waited for took (see _read_until).
+        self._last_wait = 0.0
         self._poller = select.poll()
         self._poller.register(sock.fileno(), select.POLLIN)
 
@@ -112,8 +114,9 @@ class HostLink:
 
         A waiting thread reads the link itself (one at a time: the others wait for it to
         deliver their replies, or to hand over reading when its own reply has come). The
-        reader polls for :data:`SPIN_S` before it sleeps: a reply that comes within that
-        finds it awake, so neither the host's send nor the reply pays a thread's wake-up.
+        reader polls for :data:`SPIN_S` before it sleeps (unless the last reply took
+        longer): a reply that comes within that finds it awake, so neither the host's send
+        nor the reply pays a thread's wake-up.
         """
         deadline = time.monotonic() + timeout
         while not event.is_set():
@@ -136,7 +139,18 @@ class HostLink:
         return True
 
     def _read_until(self, event: threading.Event, deadline: float) -> None:
-        spin_until = time.monotonic() + SPIN_S
+        started = time.monotonic()
+        # Polling pays off only for replies that come within SPIN_S; after a slow one (an
+        # upstream MCP call, a webfetch) the next is likely slow too, and a polling thread
+        # would only take a core from the host and the tool.
+        spin_until = started + (SPIN_S if self._last_wait <= SPIN_S else 0.0)
+        try:
+            self._poll_link(event, deadline, spin_until)
+        finally:
+            if event.is_set():
+                self._last_wait = time.monotonic() - started
+
+    def _poll_link(self, event: threading.Event, deadline: float, spin_until: float) -> None:
         while not event.is_set():
             try:
                 data = self._sock.recv(_RECV_BYTES, socket.MSG_DONTWAIT)
