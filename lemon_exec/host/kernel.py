@@ -150,7 +150,6 @@ class ManagedKernel:
         # The host reads IOPub and sends bridge replies on a link of its own (host/link.py),
         # listening before the kernel starts: the kernel connects while it initialises.
         link_path = Path(f"{socket_base}-host")
-        link = LinkEnd(link_path)
         env = {**(env or {}), protocol.HOST_LINK_ENV: str(link_path)}
         spec_manager = LemonKernelSpecManager(
             interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
@@ -166,7 +165,9 @@ class ManagedKernel:
         log_path = runtime_dir / f"kernel-{kernel_id}.log"
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         kernel: ManagedKernel | None = None
+        link: LinkEnd | None = None
         try:
+            link = LinkEnd(link_path)
             try:
                 await asyncio.wait_for(
                     km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=log_fd),
@@ -202,7 +203,8 @@ class ManagedKernel:
             if kernel is not None:
                 await kernel.kill()
             else:
-                link.close()
+                if link is not None:
+                    link.close()
                 await _kill_manager(km)
                 _remove_dir(sandbox_dir)
             _unlink(log_path)

@@ -3,11 +3,11 @@
 One :class:`CellBridge` exists per lemon script cell. Kernel → host frames are ``comm_msg``
 messages on IOPub whose parent is the cell's execute_request, so the host can tell them from
 anything else on the kernel (a person's own executions included). With a host of our own
-(its link, see hostlink.py) a frame goes from the calling thread straight onto
-that channel, unless output sent before it still waits in the IO thread. Host → kernel
-replies arrive on the host link (hostlink.py) or the control channel, and are
-delivered here from that channel's thread, which keeps running while the main thread is busy
-in the script (docs/comm-protocol.md §3).
+(its link, see hostlink.py) a frame goes from the calling thread straight onto the link,
+unless output sent before it still waits in the IO thread. Host → kernel replies arrive on
+the link, read by the threads that wait for them, or on the control channel, delivered from
+the control thread, which keeps running while the main thread is busy in the script
+(docs/comm-protocol.md §3).
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ _RECV_BYTES = 1 << 16
 #: allows as much): room for a few stream chunks or one large text frame.
 _SEND_BUFFER = 1 << 20
 
-_MAIN = threading.main_thread()
 _SIGINT = {signal.SIGINT}
 
 
@@ -83,7 +82,7 @@ class HostLink:
         with self._lock:
             if self.closed:
                 raise OSError("the host link is closed")
-            if threading.current_thread() is _MAIN:
+            if threading.current_thread() is threading.main_thread():
                 # A message cut off halfway (KeyboardInterrupt inside sendmsg) would leave
                 # the stream unreadable: SIGINT waits until the message is out.
                 old = signal.pthread_sigmask(signal.SIG_BLOCK, _SIGINT)

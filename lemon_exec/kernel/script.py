@@ -122,8 +122,10 @@ async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> Scr
     flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
     try:
         compiled = compile(code, filename, "exec", flags=flags, dont_inherit=True)
-    except (SyntaxError, ValueError) as exc:  # ValueError: source with NUL bytes
+    except SyntaxError as exc:
         return _report_exception(exc)
+    except ValueError as exc:  # NUL bytes, before Python 3.11.4 (a SyntaxError since)
+        return _report_exception(_null_byte_error(code, filename) or exc)
     with _InputGuard():
         try:
             if compiled.co_flags & inspect.CO_COROUTINE:
@@ -141,6 +143,20 @@ async def run_script(code: str, filename: str, namespace: dict[str, Any]) -> Scr
         finally:
             _flush()
     return ScriptOutcome("ok")
+
+
+def _null_byte_error(code: str, filename: str) -> SyntaxError | None:
+    """The SyntaxError newer Pythons raise for a NUL in the source, so every one says so."""
+    at = code.find("\0")
+    if at < 0:
+        return None
+    line_start = code.rfind("\n", 0, at) + 1
+    line_end = code.find("\n", at)
+    text = code[line_start : None if line_end < 0 else line_end]
+    lineno = code.count("\n", 0, at) + 1
+    return SyntaxError(
+        "source code cannot contain null bytes", (filename, lineno, at - line_start + 1, text)
+    )
 
 
 def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
