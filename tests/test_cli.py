@@ -300,6 +300,7 @@ def test_ctrl_c_aborts_the_run_and_cleans_up(
     script = (
         "import os\nnotify(f'pid {os.getpid()}')\nprint('partial', flush=True)\nwhile True: pass\n"
     )
+    started = time.time()
     proc = subprocess.Popen(
         [*cli_command(), "run", "-"],
         stdin=subprocess.PIPE,
@@ -331,17 +332,20 @@ def test_ctrl_c_aborts_the_run_and_cleans_up(
     assert out == "partial\n\nScript cancelled.\n"
     assert err == ""
     assert wait_gone(kernel_pid), "the kernel outlived the interrupted CLI"
-    assert roots_owned_by(proc.pid) == [], "the interrupted CLI left its staging root behind"
+    left = roots_owned_by(proc.pid, started)
+    assert left == [], "the interrupted CLI left its staging root behind"
 
 
-def roots_owned_by(pid: int) -> list[Path]:
-    """Staging roots in the temp dir whose owner marker names ``pid``."""
+def roots_owned_by(pid: int, since: float) -> list[Path]:
+    """Staging roots in the temp dir whose owner marker names ``pid`` and that were created
+    at or after ``since`` (a dead process's leftover root may name a reused pid)."""
     owned = []
     for marker in Path(tempfile.gettempdir()).glob("lemon-exec-*/owner"):
         try:
-            if json.loads(marker.read_text()).get("pid") == pid:
+            owner = json.loads(marker.read_text())
+            if owner.get("pid") == pid and float(owner.get("created", 0)) >= since:
                 owned.append(marker.parent)
-        except (OSError, ValueError, AttributeError):
+        except (OSError, ValueError, AttributeError, TypeError):
             continue
     return owned
 

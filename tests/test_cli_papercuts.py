@@ -163,10 +163,11 @@ def _interrupt_when(
 def test_ctrl_c_while_the_command_loads_exits_130_quietly(tmp_path: Path, leak_watch: Any) -> None:
     # pyzmq's extension is loaded while the command imports its modules, well before the
     # kernel starts: the signal lands in the imports or just after them.
+    started = time.time()
     done, pid, _ = _interrupt_when(tmp_path, leak_watch, lambda pid: "zmq" in _maps(pid))
     assert done.returncode == 130, done.stderr
     assert "Traceback" not in done.stderr
-    assert roots_owned_by(pid) == [], "the interrupted CLI left its staging root behind"
+    assert roots_owned_by(pid, started) == [], "the interrupted CLI left its staging root behind"
 
 
 # --- what is printed after the stream (pure logic) ------------------------------------------------
