@@ -183,9 +183,22 @@ class HostBridge:
         call = ToolCall(
             tool=tool, params=params, cwd=self._cwd, call_id=call_id, notify=self._emit_notify
         )
-        loop = asyncio.get_running_loop()
         spec = self._tool_host.registry.get(tool)
-        slots = self._mcp_slots if spec is not None and spec.mcp is not None else self._slots
+        is_mcp = spec is not None and spec.mcp is not None
+        if not is_mcp and not self._slots.locked():
+            # Answered right here when the tool host can run the call without waiting (a
+            # small read, no hooks): no task, slot wait or ack timer on the hot path. Only
+            # while a slot is free, so the parallel bound holds for it too.
+            try:
+                result = self._tool_host.run_inline(call)
+            except Exception as exc:
+                self._refuse(call, exc)
+                return
+            if result is not None:
+                self._answer(call, result)
+                return
+        loop = asyncio.get_running_loop()
+        slots = self._mcp_slots if is_mcp else self._slots
         task = loop.create_task(self._dispatch(call, slots))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -202,26 +215,33 @@ class HostBridge:
             self.stats.errors += 1  # the cell ended while the call waited for a slot
             raise
         try:
-            try:
-                result = await self._tool_host.invoke(call)
-            except ToolDenied as exc:
-                self.stats.denied += 1
-                self._reply_error(call.call_id, str(exc))
-                return
-            except ToolFailure as exc:
-                self.stats.errors += 1
-                self._reply_error(call.call_id, str(exc))
-                return
-            except asyncio.CancelledError:
-                self.stats.errors += 1  # the cell ended while the call was in flight
-                raise
-            except Exception as exc:  # a tool host bug must still answer the call
-                log.exception("tool host failed")
-                self.stats.errors += 1
-                self._reply_error(call.call_id, f"{call.tool} failed: {type(exc).__name__}")
-                return
+            result = await self._tool_host.invoke(call)
+        except asyncio.CancelledError:
+            self.stats.errors += 1  # the cell ended while the call was in flight
+            raise
+        except Exception as exc:
+            self._refuse(call, exc)
+            return
         finally:
             slots.release()
+        self._answer(call, result)
+
+    def _refuse(self, call: ToolCall, exc: Exception) -> None:
+        """Answer a call whose tool was denied or failed (counted as such)."""
+        if isinstance(exc, ToolDenied):
+            self.stats.denied += 1
+            error = str(exc)
+        elif isinstance(exc, ToolFailure):
+            self.stats.errors += 1
+            error = str(exc)
+        else:  # a tool host bug must still answer the call
+            log.error("tool host failed", exc_info=exc)
+            self.stats.errors += 1
+            error = f"{call.tool} failed: {type(exc).__name__}"
+        self._reply_error(call.call_id, error)
+
+    def _answer(self, call: ToolCall, result: str) -> None:
+        """Charge a call's result to the byte budget and send it (or refuse it over budget)."""
         size = len(result.encode("utf-8", "replace"))
         if self.stats.result_bytes + size > self._limits.max_result_bytes:
             self.stats.errors += 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -212,25 +213,73 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
     that matter (call ids, text block numbers, per-cell comm ids). Raises ValueError for an
     unsigned, badly signed or malformed message.
     """
-    copy = bool(raw) and isinstance(raw[0], bytes)
-    _idents, parts = session.feed_identities(raw, copy=copy)
+    wire = _wire(session)
+    if raw and isinstance(raw[0], bytes):
+        parts = raw[raw.index(DELIM) + 1 :]  # ValueError without the delimiter
+    else:
+        _idents, parts = session.feed_identities(raw, copy=False)
     frames = [part if isinstance(part, bytes) else part.bytes for part in parts[:5]]
     if len(frames) < 5:
         raise ValueError("malformed message: fewer than 5 frames")
-    signed = session.auth is None or (
-        bool(frames[0]) and hmac.compare_digest(frames[0], session.sign(frames[1:5]))
+    signed = wire.auth is None or (
+        bool(frames[0]) and hmac.compare_digest(frames[0], wire.sign(frames[1:5]))
     )
     if not signed:
         raise ValueError("invalid message signature")
-    header = session.unpack(frames[1])
+    unpack = wire.unpack
+    header = unpack(frames[1])
     return {
         "header": header,
         "msg_id": header.get("msg_id"),
         "msg_type": header.get("msg_type"),
-        "parent_header": session.unpack(frames[2]),
-        "metadata": session.unpack(frames[3]),
-        "content": _unpack_content(session, frames[4]),
+        "parent_header": unpack(frames[2]),
+        "metadata": unpack(frames[3]),
+        "content": _unpack_content(wire, frames[4]),
     }
+
+
+class _Wire:
+    """What the hot paths need of a jupyter_client ``Session``, read once.
+
+    Each of a Session's traits costs about a microsecond to read, and signing, packing a
+    header and unpacking read a dozen of them per message. The copy is per process (a
+    message id names the pid) and per key (checked by identity on each use).
+    """
+
+    __slots__ = ("auth", "pid", "plain_json", "session_id", "unpack", "username", "version")
+
+    def __init__(self, session: Any, auth: Any) -> None:
+        from jupyter_client import protocol_version
+        from jupyter_client.session import json_unpacker
+
+        self.auth = auth
+        self.pid = os.getpid()
+        self.session_id: str = session.session
+        self.username: str = session.username
+        self.version: str = protocol_version
+        self.plain_json = session.unpack is json_unpacker
+        self.unpack: Any = _loads_json if self.plain_json else session.unpack
+
+    def sign(self, parts: list[bytes]) -> bytes:
+        """``Session.sign``: the HMAC of ``parts`` as hex bytes."""
+        h = self.auth.copy()
+        for part in parts:
+            h.update(part)
+        return h.hexdigest().encode()  # type: ignore[no-any-return]
+
+
+def _wire(session: Any) -> _Wire:
+    auth = session.auth
+    wire: _Wire | None = getattr(session, "_lemon_wire", None)
+    if wire is None or wire.auth is not auth or wire.pid != os.getpid():
+        wire = _Wire(session, auth)
+        session._lemon_wire = wire
+    return wire
+
+
+def _loads_json(raw: bytes) -> Any:
+    """jupyter_client's ``json_unpacker`` (undecodable bytes replaced, not refused)."""
+    return json.loads(raw.decode("utf8", "replace"))
 
 
 #: The content of a text frame exactly as the kernel packs it (comm_content), up to the
@@ -243,7 +292,7 @@ _TEXT_CONTENT_HEAD = re.compile(
 _FAST_TEXT_MIN_BYTES = 4096
 
 
-def _unpack_content(session: Any, raw: bytes) -> Any:
+def _unpack_content(wire: _Wire, raw: bytes) -> Any:
     """``session.unpack(raw)``; a large text frame of plain ASCII without ``json.loads``.
 
     A text block is most of what the bridge carries and parsing it was a third of the host's
@@ -252,14 +301,14 @@ def _unpack_content(session: Any, raw: bytes) -> Any:
     budget needs anyway) decodes to what ``json.loads`` would give, so it is built directly,
     and its text is remembered as plain (:func:`json_string_len` need not scan it again).
     """
-    if len(raw) < _FAST_TEXT_MIN_BYTES or session.unpack is not _json_unpacker():
-        return session.unpack(raw)
+    if len(raw) < _FAST_TEXT_MIN_BYTES or not wire.plain_json:
+        return wire.unpack(raw)
     head = _TEXT_CONTENT_HEAD.match(raw)
     if head is None or not raw.endswith(b'"}}'):
-        return session.unpack(raw)
+        return wire.unpack(raw)
     body = raw[head.end() : -3]
     if not body.isascii() or _ascii_escape_extra(body):
-        return session.unpack(raw)
+        return wire.unpack(raw)
     text = body.decode("ascii")
     _PLAIN[0] = text
     data: dict[str, Any] = {"type": TEXT, "n": int(head[2]), "token": head[3].decode()}
@@ -267,12 +316,6 @@ def _unpack_content(session: Any, raw: bytes) -> Any:
         data["more"] = True
     data["text"] = text
     return {"comm_id": head[1].decode(), "data": data}
-
-
-def _json_unpacker() -> Any:
-    from jupyter_client.session import json_unpacker  # the host's import; the kernel has it too
-
-    return json_unpacker
 
 
 #: The last text the host found plain by the scan above, by identity: a str is immutable,
@@ -358,11 +401,20 @@ def pack_signed(
     content is packed once by the caller (a text block's JSON is built from its string
     directly), and ``parent`` is the cell's header, packed once per cell.
     """
-    header = session.msg_header(msg_type)
-    header["date"] = datetime.now(timezone.utc).isoformat()
+    wire = _wire(session)
+    number = session.message_count  # shared with Session.msg_id: ids stay unique
+    session.message_count = number + 1
+    header = {
+        "msg_id": f"{wire.session_id}_{wire.pid}_{number}",
+        "msg_type": msg_type,
+        "username": wire.username,
+        "session": wire.session_id,
+        "date": datetime.now(timezone.utc).isoformat(),
+        "version": wire.version,
+    }
     packed = json.dumps(header).encode()
     parts = [packed, parent, b"{}", content]
-    signature = session.sign(parts) if session.auth is not None else b""
+    signature = wire.sign(parts) if wire.auth is not None else b""
     return [*([ident] if ident is not None else []), DELIM, signature, *parts]
 
 

@@ -341,14 +341,45 @@ class ToolHost:
 
     # -- the tool ----------------------------------------------------------------------------
 
-    async def _run(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> str:
-        started = time.monotonic()
+    def run_inline(self, call: ToolCall) -> str | None:
+        """Run ``call`` at once when nothing in it can wait; ``None``: use :meth:`invoke`.
+
+        That is: no policy or approval hook (either may wait), a tool that is neither a
+        coroutine nor an MCP server's, and whose inline predicate holds (``read`` of a small
+        regular file, say). The result and the errors are exactly :meth:`invoke`'s; what is
+        saved is the event loop's task, timer and slot for the most frequent helper calls.
+        """
+        if self._policy is not None or self._approval is not None or self._closed:
+            return None
+        spec = self.registry.get(call.tool)
+        if spec is None or spec.inline is None or spec.mcp is not None:
+            return None
+        if inspect.iscoroutinefunction(spec.func):
+            return None
+        params = validate_params(spec, call.params)
+        if not _runs_inline(spec, params, call):
+            return None
+        call = self._with_deadline(spec, call, time.monotonic())
+        try:
+            result = spec.func(params, call)
+        except ToolFailure:
+            raise
+        except Exception as e:
+            raise _tool_raised(spec, e) from e
+        return _checked_result(spec, result)
+
+    def _with_deadline(self, spec: ToolSpec, call: ToolCall, started: float) -> ToolCall:
+        """``call`` with its deadline lowered to the tool's time limit, if that is sooner."""
         limit = self.time_limit(spec.name)
         deadline = call.deadline
         if limit is not None and (deadline is None or started + limit < deadline):
-            deadline = started + limit
-        if deadline != call.deadline:
-            call = dataclasses.replace(call, deadline=deadline)
+            return dataclasses.replace(call, deadline=started + limit)
+        return call
+
+    async def _run(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> str:
+        started = time.monotonic()
+        call = self._with_deadline(spec, call, started)
+        deadline = call.deadline
         try:
             result = await self._execute(spec, params, call)
         except DeadlineExceeded:
@@ -360,13 +391,8 @@ class ToolHost:
         except ToolFailure:
             raise
         except Exception as e:
-            logger.warning("tool %s raised", spec.name, exc_info=True)
-            raise ToolFailure(f"{spec.name} failed: {type(e).__name__}: {e}") from e
-        if not isinstance(result, str):
-            raise ToolFailure(
-                f"{spec.name} failed: returned {type(result).__name__} instead of str"
-            )
-        return result
+            raise _tool_raised(spec, e) from e
+        return _checked_result(spec, result)
 
     async def _execute(self, spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> Any:
         if spec.mcp is not None:
@@ -427,6 +453,18 @@ def _shutdown(workers: WorkerPool, lanes: dict[str, ThreadLane]) -> None:
 
 def _seconds(value: float) -> str:
     return f"{round(value, 1):g}"
+
+
+def _tool_raised(spec: ToolSpec, exc: Exception) -> ToolFailure:
+    """The ToolFailure the script sees for a tool that raised something else (logged)."""
+    logger.warning("tool %s raised", spec.name, exc_info=exc)
+    return ToolFailure(f"{spec.name} failed: {type(exc).__name__}: {exc}")
+
+
+def _checked_result(spec: ToolSpec, result: object) -> str:
+    if not isinstance(result, str):
+        raise ToolFailure(f"{spec.name} failed: returned {type(result).__name__} instead of str")
+    return result
 
 
 def _runs_inline(spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> bool:

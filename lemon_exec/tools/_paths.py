@@ -31,10 +31,12 @@ BINARY_SNIFF_BYTES = 8192
 
 def resolve(raw: str, cwd: pathlib.Path) -> pathlib.Path:
     """Expand ``~`` and make ``raw`` absolute against the run's ``cwd`` (symlinks are kept)."""
-    path = pathlib.Path(os.path.expanduser(raw))
-    if not path.is_absolute():
-        path = pathlib.Path(os.path.expanduser(str(cwd))) / path
-    return path
+    # Joined as strings and parsed once: two Path constructions were a tenth of a small
+    # read()'s host time.
+    path = os.path.expanduser(raw)
+    if not os.path.isabs(path):
+        path = os.path.join(os.path.expanduser(str(cwd)), path)
+    return pathlib.Path(path)
 
 
 def name_for(raw: str, resolved: pathlib.Path) -> str:
