@@ -249,14 +249,13 @@ class _Wire:
     __slots__ = ("auth", "pid", "plain_json", "session_id", "unpack", "username", "version")
 
     def __init__(self, session: Any, auth: Any) -> None:
-        from jupyter_client import protocol_version
         from jupyter_client.session import json_unpacker
 
         self.auth = auth
         self.pid = os.getpid()
         self.session_id: str = session.session
         self.username: str = session.username
-        self.version: str = protocol_version
+        self.version: str = session.msg_header("")["version"]  # the protocol's, e.g. "5.4"
         self.plain_json = session.unpack is json_unpacker
         self.unpack: Any = _loads_json if self.plain_json else session.unpack
 
