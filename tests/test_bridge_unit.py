@@ -23,7 +23,7 @@ from lemon_exec.host.bridge import (
 )
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.protocol import AUTH_FAILED, REPLAYED
-from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry
+from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry, ToolSpec
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -31,7 +31,8 @@ LIMITS = BridgeLimits(max_calls=5, max_result_bytes=100, max_text_bytes=1000, ma
 
 
 class Harness:
-    """A bridge whose tools are ``echo`` (returns its ``value``) and ``slow``."""
+    """A bridge whose tools are ``echo`` (returns its ``value``), ``slow``, ``boom`` and
+    ``quick`` (sync, and its inline predicate says it may run on the spot)."""
 
     def __init__(
         self,
@@ -50,9 +51,19 @@ class Harness:
         registry.register_function("echo", self._echo, parameters=("value",))
         registry.register_function("slow", self._slow, parameters=("value",))
         registry.register_function("boom", self._boom, parameters=("value",))
+        registry.register(
+            ToolSpec(
+                name="quick",
+                func=self._quick,
+                description="",
+                parameters=("value",),
+                inline=lambda params, call: True,
+            )
+        )
+        self.quick_calls = 0
         self.bridge = HostBridge(
             tool_host=ToolHost(registry, policy=policy),
-            enabled_tools=("echo", "slow", "boom"),
+            enabled_tools=("echo", "slow", "boom", "quick"),
             cwd=Path("."),
             limits=limits,
             send_reply=self._record,
@@ -70,6 +81,15 @@ class Harness:
 
     async def _boom(self, params: dict[str, Any], call: ToolCall) -> str:
         raise ToolFailure("boom failed: on purpose")
+
+    def _quick(self, params: dict[str, Any], call: ToolCall) -> Any:
+        self.quick_calls += 1
+        value = params.get("value")
+        if value == "raise":
+            raise ValueError("bad value")
+        if value == "int":
+            return 7
+        return f"quick {value}"
 
     async def _slow(self, params: dict[str, Any], call: ToolCall) -> str:
         self.active += 1
@@ -393,5 +413,71 @@ def test_non_dict_and_unknown_frames_are_ignored() -> None:
         s = h.bridge.stats
         assert (s.calls, s.denied, s.errors, s.notifications) == (0, 0, 0, 0)
         assert not s.accounting_loss
+
+    run(body)
+
+
+def test_an_inline_call_is_answered_before_handle_returns() -> None:
+    async def body() -> None:
+        h = Harness()
+        h.call(1, "quick", value="a")
+        # No await in between: answered from the frame's own callback, no task left behind.
+        assert h.reply_for(1) == {
+            "comm_id": h.bridge.comm_id,
+            "id": 1,
+            "ok": True,
+            "content": "quick a",
+        }
+        assert h.bridge.in_flight == 0 and h.acks == []
+        h.call(2, "quick", value="raise")
+        h.call(3, "quick", value="int")
+        assert h.reply_for(2)["error"] == "quick failed: ValueError: bad value"
+        assert h.reply_for(3)["error"] == "quick failed: returned int instead of str"
+        h.call(4, "quick", value="x" * 200)  # over the 100-byte result budget: refused
+        assert "rpc result budget exceeded" in h.reply_for(4)["error"]
+        s = h.bridge.stats
+        assert (s.calls, s.errors, s.result_bytes) == (4, 3, len("quick a"))
+
+    run(body)
+
+
+def test_an_inline_call_waits_its_turn_when_every_slot_is_taken() -> None:
+    async def body() -> None:
+        h = Harness()  # max_parallel = 2
+        h.call(1, "slow")
+        h.call(2, "slow")
+        await h.settle()
+        h.call(3, "quick", value="b")
+        await h.settle()
+        assert h.quick_calls == 0 and h.replies == []  # the parallel bound holds for it too
+        h.release.set()
+        await h.settle()
+        assert h.reply_for(3)["content"] == "quick b"
+        assert h.reply_for(1)["content"] == "slow done"
+
+    run(body)
+
+
+def test_with_a_policy_hook_an_inline_call_goes_through_the_hook() -> None:
+    async def body() -> None:
+        seen: list[Any] = []
+
+        async def policy(call: ToolCall) -> PolicyDecision:
+            seen.append(call.params.get("value"))
+            return (
+                PolicyDecision.deny("no")
+                if call.params.get("value") == "d"
+                else PolicyDecision.allow()
+            )
+
+        h = Harness(policy=policy)
+        h.call(1, "quick", value="c")
+        h.call(2, "quick", value="d")
+        assert h.replies == []  # an async hook may wait: the call runs as a task
+        await h.settle()
+        assert seen == ["c", "d"]
+        assert h.reply_for(1)["content"] == "quick c"
+        assert h.reply_for(2)["error"] == "quick denied by policy: no"
+        assert h.quick_calls == 1
 
     run(body)
