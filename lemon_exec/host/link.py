@@ -9,10 +9,11 @@ blocking; what the socket does not take at once waits in order for it to drain.
 
 The one exception is short and bounded: after a callback that answered a call, the reader
 polls the link for up to :data:`SPIN_S` before it returns to the loop, as long as the
-kernel's last frame came within :data:`_SPIN_GAP_S` of a reply. A script calling helpers in
-a loop sends its next frame a few hundred microseconds after each answer, and waking the
-loop's thread from its sleep costs about as much again on a VM that halts idle vCPUs. A
-frame that does not come within SPIN_S ends the polling until a quick one comes again.
+kernel's last frame came within :data:`_SPIN_GAP_S` of a reply and no other kernel's link
+was read in between. A script calling helpers in a loop sends its next frame a few hundred
+microseconds after each answer, and waking the loop's thread from its sleep costs about as
+much again on a VM that halts idle vCPUs. A frame that does not come within SPIN_S ends the
+polling until one comes that soon again; with several kernels busy, nobody polls.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ OnEnd = Callable[[str | None], None]
 class LinkEnd:
     """One kernel's link, from listening to closed."""
 
+    #: The link whose reader ran last, on any loop (see readable's polling rule).
+    _last_reader: LinkEnd | None = None
+
     def __init__(self, path: Path) -> None:
         self.path = path
         self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -71,6 +75,8 @@ class LinkEnd:
         self._sent_at = 0.0  # when the last one was sent (perf_counter)
         #: From the last reply to the next frame: polling pays off only when that was quick.
         self._last_gap = math.inf
+        #: How quick: 1 ms, or SPIN_S once a poll came up empty (until one finds its frame).
+        self._gap_limit = _SPIN_GAP_S
 
     @property
     def connected(self) -> bool:
@@ -97,6 +103,10 @@ class LinkEnd:
 
         def readable() -> None:
             taken = 0
+            # Another kernel's link read since this one last did: the loop has other
+            # kernels to serve, and polling would hold them up (and take their core).
+            shared = LinkEnd._last_reader is not self
+            LinkEnd._last_reader = self
             try:
                 while taken < _READ_PER_EVENT:
                     try:
@@ -120,7 +130,7 @@ class LinkEnd:
                         # Drained: the next event says when more comes. If a reply just went
                         # out, wait for that frame here (at most SPIN_S), not asleep in the
                         # loop; it is read in that next event, after the loop's other work.
-                        self._await_next(conn, answered=self._sent != sent)
+                        self._await_next(conn, answered=self._sent != sent and not shared)
                         break
             except LinkFramingError as exc:
                 end(f"the kernel's link to the host is out of step ({exc})")
@@ -136,15 +146,19 @@ class LinkEnd:
 
     def _await_next(self, conn: socket.socket, *, answered: bool) -> None:
         """Poll up to SPIN_S for the kernel's next frame after a reply (see the module doc)."""
-        if not answered or self._last_gap > _SPIN_GAP_S:
+        if not answered or self._last_gap > self._gap_limit:
             return
         poller = select.poll()
         poller.register(conn.fileno(), select.POLLIN)
         deadline = time.perf_counter() + SPIN_S
         while time.perf_counter() < deadline:
             if poller.poll(0):
+                self._gap_limit = _SPIN_GAP_S
                 return
-        self._last_gap = math.inf  # it did not come: no polling until a quick frame again
+        # It did not come: no polling until a frame comes within SPIN_S of an answer again
+        # (a script that pauses ~1 ms between calls would otherwise be polled for in vain).
+        self._last_gap = math.inf
+        self._gap_limit = SPIN_S
 
     def send(self, frames: list[Any]) -> bool:
         """Queue one message for the kernel without blocking; False when not connected."""
