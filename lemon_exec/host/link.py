@@ -53,8 +53,9 @@ OnEnd = Callable[[str | None], None]
 class LinkEnd:
     """One kernel's link, from listening to closed."""
 
-    #: The link whose reader ran last, on any loop (see readable's polling rule).
-    _last_reader: LinkEnd | None = None
+    #: The id of the link whose reader ran last, on any loop (see readable's polling rule);
+    #: an id, so a closed link is not kept alive by it.
+    _last_reader = 0
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -105,8 +106,8 @@ class LinkEnd:
             taken = 0
             # Another kernel's link read since this one last did: the loop has other
             # kernels to serve, and polling would hold them up (and take their core).
-            shared = LinkEnd._last_reader is not self
-            LinkEnd._last_reader = self
+            shared = LinkEnd._last_reader != id(self)
+            LinkEnd._last_reader = id(self)
             try:
                 while taken < _READ_PER_EVENT:
                     try:
