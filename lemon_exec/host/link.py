@@ -2,9 +2,9 @@
 
 The host listens on a path in its private runtime directory before it starts the kernel,
 accepts the kernel's one connection, then removes the path, so nothing else can connect
-later. It reads from the event loop without waiting on the kernel: each readable event takes at
-most ``_READ_PER_EVENT`` bytes, cuts them into messages (:mod:`linkwire`) and hands each to
-the kernel handle, which checks the signature and routes it. Replies are written without
+later. It reads from the event loop without waiting on the kernel: each readable event
+takes at most ``_READ_PER_EVENT`` bytes, cuts them into messages (:mod:`linkwire`) and hands
+each to the kernel handle, which checks the signature and routes it. Replies are written without
 blocking; what the socket does not take at once waits in order for it to drain.
 
 The one exception is short and bounded: after a callback that answered a call, the reader
@@ -74,10 +74,10 @@ class LinkEnd:
         self._closed = False
         self._sent = 0  # messages sent: a callback that sent one answered something
         self._sent_at = 0.0  # when the last one was sent (perf_counter)
-        #: From the last reply to the next frame: polling pays off only when that was quick.
-        self._last_gap = math.inf
-        #: How quick: 1 ms, or SPIN_S once a poll came up empty (until one finds its frame).
+        #: Polling pays off only when the last reply's next frame came this soon: 1 ms, or
+        #: SPIN_S once a poll came up empty (until one finds its frame).
         self._gap_limit = _SPIN_GAP_S
+        self._poller = select.poll()  # the connection's, once accepted
 
     @property
     def connected(self) -> bool:
@@ -94,6 +94,7 @@ class LinkEnd:
             return
         conn.setblocking(False)
         self._conn = conn
+        self._poller.register(conn.fileno(), select.POLLIN)
         ended = loop.create_future()
 
         def end(problem: str | None) -> None:
@@ -104,6 +105,7 @@ class LinkEnd:
 
         def readable() -> None:
             taken = 0
+            gap = math.inf  # from the last reply to this frame
             # Another kernel's link read since this one last did: the loop has other
             # kernels to serve, and polling would hold them up (and take their core).
             shared = LinkEnd._last_reader != id(self)
@@ -118,7 +120,7 @@ class LinkEnd:
                         end(None)
                         break
                     if taken == 0 and self._sent_at:
-                        self._last_gap = time.perf_counter() - self._sent_at
+                        gap = time.perf_counter() - self._sent_at
                     taken += len(data)
                     self._reader.feed(data)
                     sent = self._sent
@@ -131,7 +133,8 @@ class LinkEnd:
                         # Drained: the next event says when more comes. If a reply just went
                         # out, wait for that frame here (at most SPIN_S), not asleep in the
                         # loop; it is read in that next event, after the loop's other work.
-                        self._await_next(conn, answered=self._sent != sent and not shared)
+                        if self._sent != sent and not shared and gap <= self._gap_limit:
+                            self._await_next()
                         break
             except LinkFramingError as exc:
                 end(f"the kernel's link to the host is out of step ({exc})")
@@ -145,20 +148,15 @@ class LinkEnd:
             end(None)
         on_end(problem)
 
-    def _await_next(self, conn: socket.socket, *, answered: bool) -> None:
+    def _await_next(self) -> None:
         """Poll up to SPIN_S for the kernel's next frame after a reply (see the module doc)."""
-        if not answered or self._last_gap > self._gap_limit:
-            return
-        poller = select.poll()
-        poller.register(conn.fileno(), select.POLLIN)
         deadline = time.perf_counter() + SPIN_S
         while time.perf_counter() < deadline:
-            if poller.poll(0):
+            if self._poller.poll(0):
                 self._gap_limit = _SPIN_GAP_S
                 return
         # It did not come: no polling until a frame comes within SPIN_S of an answer again
         # (a script that pauses ~1 ms between calls would otherwise be polled for in vain).
-        self._last_gap = math.inf
         self._gap_limit = SPIN_S
 
     def send(self, frames: list[Any]) -> bool:
