@@ -902,6 +902,11 @@ async def start_sessions(
     return list(await asyncio.gather(*(one(s) for s in scopes)))
 
 
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rpartition(")")[2].split()[1])
+
+
 async def bench_sessions64(ctx: Context) -> None:
     """sessions64_idle_pss_mb: total PSS of 64 idle session kernels (each with its children).
 
@@ -921,6 +926,8 @@ async def bench_sessions64(ctx: Context) -> None:
         if len(set(pids)) != count or ec.snapshot()["live"] != count:
             raise RuntimeError(f"expected {count} live session kernels: {ec.snapshot()}")
         await asyncio.sleep(max(2.0, plan.settle_s))  # let them settle into idle
+        # Kernels this process launched itself: started before the fork server was ready.
+        report.context("sessions64_cold_started", sum(1 for p in pids if _ppid(p) == os.getpid()))
         pss, uss = pss_uss_of(pids)
         rss = sum(tree_rss_mib(p)[0] for p in pids)
         kernels = set(pids)

@@ -17,6 +17,7 @@ from ipykernel.kernelbase import Kernel
 from traitlets import DottedObjectName, Type
 from traitlets.config import Config
 
+from lemon_exec.kernel import prebuilt
 from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.kernel.kernel import LemonKernel
 from lemon_exec.kernel.lean import restore_optional_modules
@@ -49,13 +50,33 @@ class LemonKernelApp(IPKernelApp):
     )
 
     def initialize(self, argv: list[str] | None = None) -> None:
-        # History in memory only: history_request works, and no sqlite file is left behind.
-        self.config.HistoryManager.hist_file = ":memory:"
+        self.configure_shell_config()
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)  # type: ignore[no-untyped-call]
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
+
+    def configure_shell_config(self) -> None:
+        """What every lemon-python kernel sets in its shell's configuration."""
+        # History in memory only: history_request works, and no sqlite file is left behind.
+        self.config.HistoryManager.hist_file = ":memory:"
+
+    def init_code(self) -> None:
+        # IPython's InteractiveShellApp.init_code, but for its last line (the modules loaded
+        # at start, for %reset --aggressive), which is prebuilt.module_names() here.
+        self._run_startup_files()  # type: ignore[no-untyped-call]
+        self._run_exec_lines()  # type: ignore[no-untyped-call]
+        self._run_exec_files()  # type: ignore[no-untyped-call]
+        shell = self.shell
+        assert shell is not None
+        if self.hide_initial_ns:
+            shell.user_ns_hidden.update(shell.user_ns)
+        self._run_cmd_line_code()  # type: ignore[no-untyped-call]
+        self._run_module()  # type: ignore[no-untyped-call]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        shell._sys_modules_keys = prebuilt.module_names()
 
     def parse_command_line(self, argv: list[str] | None = None) -> None:
         # The host starts every kernel with just ``-f FILE``: taken as is. traitlets builds an

@@ -1,7 +1,8 @@
 """The fork server: a template process that forks fresh lemon-python kernels on request.
 
 Starting a kernel costs ~0.4 s of CPU, almost all of it importing IPython and ipykernel.
-The template pays that once: it imports the kernel's modules — before any thread or zmq
+The template pays that once: it imports the kernel's modules and builds the IPython shell a
+kernel adopts when it fits (:mod:`lemon_exec.kernel.prebuilt`) — before any thread or zmq
 context exists, which is what makes fork() safe — and then forks one child per request. The
 child sets up its own session, directory, environment and standard streams and runs the
 kernel application with the request's arguments; nothing is shared after the fork.
@@ -66,6 +67,8 @@ def main() -> None:
 
     skip_optional_modules()
     importlib.import_module("lemon_exec.kernel.app").preload()
+    # The shell every kernel would build the same way: built once here (kernel/prebuilt.py).
+    importlib.import_module("lemon_exec.kernel.prebuilt").build()
 
     # Move everything imported so far out of the collector's reach: a child's garbage
     # collections would otherwise touch every object header and copy most of the shared heap.

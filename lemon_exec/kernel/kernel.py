@@ -21,7 +21,7 @@ from ipykernel.zmqshell import ZMQInteractiveShell
 from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
 from traitlets import Type, default
 
-from lemon_exec.kernel import cells, helpers, protocol, script
+from lemon_exec.kernel import cells, helpers, prebuilt, protocol, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.forkguard import ForkGuardedSession
 from lemon_exec.kernel.streams import ChunkedStream
@@ -63,6 +63,14 @@ class ScriptAwareExit(ZMQExitAutocall):
 
 class LemonShell(ZMQInteractiveShell):
     # ipykernel leaves ZMQInteractiveShell's methods unannotated: calls into them are untyped.
+    @classmethod
+    def instance(cls, *args: Any, **kwargs: Any) -> LemonShell:
+        # In a forked kernel: the shell the template built, if it fits (kernel/prebuilt.py).
+        prebuilt.adopt(kwargs)
+        shell = super().instance(*args, **kwargs)
+        assert isinstance(shell, LemonShell)
+        return shell
+
     @default("exiter")
     def _default_exiter(self) -> ScriptAwareExit:
         return ScriptAwareExit(self)  # type: ignore[no-untyped-call]
