@@ -7,11 +7,13 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.forkserver import START_WAIT_S
 from lemon_exec.host.local_backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,6 +103,56 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
             await asyncio.sleep(0.05)
         else:
             pytest.fail("fork server still running after close")
+
+    asyncio.run(main())
+
+
+def test_the_first_start_waits_for_the_starting_template_and_is_forked() -> None:
+    async def main() -> None:
+        config = ExecuteCodeConfig(
+            enabled=True, kernel_mode="session", warm_kernels=0, fork_server=True
+        )
+        async with ExecuteCode(config) as ec:
+            # The very first call starts the template and finds it starting: it waits for
+            # it rather than launching a kernel of its own next to it.
+            info = _probe((await ec.run(PROBE, scope=SessionScope("first", "a"))).content)
+            engine = ec._engine
+            assert engine is not None and isinstance(engine.backend, LocalBackend)
+            template = next(iter(engine.backend._forkservers.values()))
+            assert template.pid is not None
+            assert info["ppid"] == template.pid != os.getpid()
+
+    asyncio.run(main())
+
+
+def test_a_template_that_never_gets_ready_holds_a_start_up_at_most_a_while(
+    tmp_path: Path,
+) -> None:
+    # An interpreter whose fork-server template hangs before it says "ready".
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        'if [ "$2" = lemon_exec.kernel.forkserver ]; then exec sleep 60; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+
+    async def main() -> None:
+        config = ExecuteCodeConfig(
+            enabled=True,
+            kernel_mode="session",
+            warm_kernels=0,
+            fork_server=True,
+            python_path=str(wrapper),
+        )
+        async with ExecuteCode(config) as ec:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            result = await ec.run(PROBE, scope=SessionScope("stalled", "a"))
+            waited = loop.time() - started
+            info = _probe(result.content)
+            assert info["ppid"] == os.getpid()  # launched cold, by this process
+            assert START_WAIT_S <= waited < START_WAIT_S + 10  # not the 15 s ready timeout
 
     asyncio.run(main())
 

@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 15.0
 _REQUEST_TIMEOUT_S = 5.0
+#: How long a kernel start waits for a starting template before it launches cold instead.
+START_WAIT_S = 3.0
 
 #: Fork servers by id, so the provisioner (built by jupyter_client) can find its server.
 _SERVERS: dict[str, ForkServer] = {}
@@ -92,6 +94,14 @@ class ForkServer:
     async def start(self) -> None:
         """Launch the template and read its messages in the background."""
         self.started = True
+        try:
+            await self._launch()
+        except BaseException:
+            if not self._ready.done():
+                self._ready.set_result(False)  # nobody waits for a template that never ran
+            raise
+
+    async def _launch(self) -> None:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [self.interpreter, "-m", "lemon_exec.kernel.forkserver"]
         argv += ["--fd", str(child_sock.fileno())]
@@ -140,6 +150,11 @@ class ForkServer:
     @property
     def ready(self) -> bool:
         return self._ready.done() and self._ready.result() and self.alive
+
+    @property
+    def starting(self) -> bool:
+        """On its way: not ready yet, and neither failed nor exited (nor launched yet)."""
+        return not self._ready.done() and (self._proc is None or self._proc.poll() is None)
 
     @property
     def alive(self) -> bool:

@@ -3,8 +3,9 @@
 Kernels are launched through jupyter_client (:class:`~lemon_exec.host.kernel.ManagedKernel`)
 with their connection files in the host's private runtime directory. Once an
 interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s), kernels
-are forked from it instead of started cold; until then they start the ordinary way, so the
-fork server never delays a start.
+are forked from it instead of started cold. A start that finds it still starting waits for
+it (that costs about what a cold launch racing the template for the CPU costs), up to
+``START_WAIT_S``; a template that fails or stalls means an ordinary, cold start.
 
 Under a sandbox (:mod:`lemon_exec.host.sandbox`) the template runs inside bubblewrap too,
 and every kernel it forks builds its own sandbox before any of its code runs
@@ -28,7 +29,7 @@ from lemon_exec.errors import RefusedError
 from lemon_exec.host import cell as cells
 from lemon_exec.host import sandbox as sandboxes
 from lemon_exec.host.backend import KernelHandle
-from lemon_exec.host.forkserver import ForkServer
+from lemon_exec.host.forkserver import START_WAIT_S, ForkServer
 from lemon_exec.host.kernel import ManagedKernel
 from lemon_exec.host.limits import KernelCgroup, Limiter, LimitSpec
 from lemon_exec.host.staging import StagingRoot
@@ -83,6 +84,11 @@ class LocalBackend:
     ) -> ManagedKernel:
         prefix = self._sandbox_prefix(interpreter, cwd)  # RefusedError: cannot start
         server = self._fork_server(interpreter, env)
+        if server is not None and server.starting:
+            # This interpreter's first starts: waiting for the template is about as fast as
+            # a cold launch racing it for the CPU, and the kernel is then forked (less CPU,
+            # ~25 MiB less memory). A template that fails or stalls means a cold start.
+            await server.wait_ready(START_WAIT_S)
         group = self._limiter.prepare()  # LimitsUnavailable: a limit nothing here enforces
         try:
             kernel = await ManagedKernel.start(
