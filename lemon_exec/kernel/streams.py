@@ -103,6 +103,8 @@ class BoundedOutStream(OutStream):
 
     # ipykernel leaves OutStream's methods unannotated: calls into them are untyped calls.
     _unflushed = 0
+    #: Something was written since a flush began (set after the text is in the buffer).
+    _dirty = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pipe_lock = threading.Lock()
@@ -115,6 +117,7 @@ class BoundedOutStream(OutStream):
             return self._write_from_child(string)
         # A lone surrogate would make the message unencodable and lose the whole chunk.
         written = super().write(normalize_text(string) if isinstance(string, str) else string)
+        self._dirty = True
         self._unflushed += len(string)
         if self._unflushed >= STREAM_CHUNK_CHARS:
             self._unflushed = 0
@@ -125,8 +128,19 @@ class BoundedOutStream(OutStream):
         self._unflushed = 0
         # In a forked child the buffers hold the parent's unsent text, which is not ours
         # to send (the parent does), and writes went to the file descriptor already.
-        if self._is_master_process():  # type: ignore[no-untyped-call]
-            super().flush()  # type: ignore[no-untyped-call]
+        if not self._is_master_process():  # type: ignore[no-untyped-call]
+            return
+        # Nothing written since the last flush (ipykernel flushes both streams after every
+        # cell): no round trip to the IO thread, which costs two thread wake-ups. A flush
+        # under way elsewhere was queued to the IO thread before anything that follows.
+        if not self._dirty and not self._pipe_pending():
+            return
+        self._dirty = False
+        super().flush()  # type: ignore[no-untyped-call]
+
+    def _pipe_pending(self) -> bool:
+        fid = getattr(self, "_fid", None)
+        return fid is not None and self._should_watch and _pending_bytes(fid) > 0
 
     def flush_pending(self) -> None:
         """Flush only if something was written (or waits in the pipe) since the last flush."""
@@ -167,6 +181,12 @@ class BoundedOutStream(OutStream):
             while self._should_watch:
                 select.select([fid], [], [])
                 with self._pipe_lock:
+                    # A writer may have drained the pipe since select() said readable: a
+                    # blocking read would then hold the lock until the next byte came, and
+                    # the cell's end (which drains the pipe too) would wait for it forever.
+                    # Readable with nothing pending, under the lock, is the end of file.
+                    if _pending_bytes(fid) == 0 and not select.select([fid], [], [], 0)[0]:
+                        continue
                     if not self._forward(fid):
                         return
         except Exception:
