@@ -94,8 +94,8 @@ class LemonKernel(IPythonKernel):
     implementation = "lemon-python"
     implementation_version = str(protocol.PROTOCOL_VERSION)
     banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
-    # ipykernel sleeps 0.5 ms after every cell, before its reply, "so that output reaches the
-    # clients first" (a FIXME of old). Clients wait for the idle status, which IOPub sends
+    # ipykernel sleeps 0.5 ms after every cell, before its reply, so that output would reach
+    # clients first (an old workaround). Clients wait for the idle status, which IOPub sends
     # after the cell's output anyway; the host does (host/cell.py). Half a millisecond of
     # every cell's round trip, for nothing.
     _execute_sleep = Float(0.0).tag(config=True)

@@ -1,10 +1,11 @@
 """The IPython shell, built once in the fork-server template and adopted by forked kernels.
 
 Building a kernel's shell (history, magics, prefilters, display hooks: ~40 ``init_*`` steps)
-is about half of a forked kernel's start-up CPU, and every object it touches is a page the
-kernel copies from the template. The template builds it once, before its heap is frozen
-(:func:`build`); a forked kernel whose shell would come out the same adopts it
-(:func:`adopt`), else it clears it and builds its own as before. "The same" means:
+was about a fifth of a forked kernel's CPU from fork to exit, and every object it touches is
+a page the kernel copies from the template (~2 MiB). The template builds it once, before
+its heap is frozen (:func:`build`); a forked kernel whose shell would come out the same
+adopts it (:func:`adopt`), else it clears it and builds its own as before. "The same"
+means:
 
 - the same loaded configuration (the command line aside, which names the connection file):
   a kernel started with other options, or after a config file changed, builds its own;
