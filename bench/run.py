@@ -926,7 +926,7 @@ async def bench_sessions64(ctx: Context) -> None:
         if len(set(pids)) != count or ec.snapshot()["live"] != count:
             raise RuntimeError(f"expected {count} live session kernels: {ec.snapshot()}")
         await asyncio.sleep(max(2.0, plan.settle_s))  # let them settle into idle
-        # Kernels this process launched itself: started before the fork server was ready.
+        # Kernels this process launched itself (cold): the fork server failed or stalled.
         report.context("sessions64_cold_started", sum(1 for p in pids if _ppid(p) == os.getpid()))
         pss, uss = pss_uss_of(pids)
         rss = sum(tree_rss_mib(p)[0] for p in pids)
