@@ -45,6 +45,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
+def parent_pid(pid: int) -> int:
+    """``pid``'s parent (from /proc/PID/stat)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rpartition(")")[2].split()[1])
+
+
 def tree_rss_mib(pid: int) -> tuple[float, int]:
     """RSS of ``pid`` plus all its descendants in MiB, and how many processes that was."""
     pids = [pid, *descendants(pid)]

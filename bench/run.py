@@ -65,6 +65,7 @@ from bench.memory import (  # noqa: E402
     cmdline,
     descendants,
     hwm_kib,
+    parent_pid,
     pss_uss_of,
     pss_uss_of_single,
     rss_kib,
@@ -902,11 +903,6 @@ async def start_sessions(
     return list(await asyncio.gather(*(one(s) for s in scopes)))
 
 
-def _ppid(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as stat:
-        return int(stat.read().rpartition(")")[2].split()[1])
-
-
 async def bench_sessions64(ctx: Context) -> None:
     """sessions64_idle_pss_mb: total PSS of 64 idle session kernels (each with its children).
 
@@ -927,7 +923,8 @@ async def bench_sessions64(ctx: Context) -> None:
             raise RuntimeError(f"expected {count} live session kernels: {ec.snapshot()}")
         await asyncio.sleep(max(2.0, plan.settle_s))  # let them settle into idle
         # Kernels this process launched itself (cold): the fork server failed or stalled.
-        report.context("sessions64_cold_started", sum(1 for p in pids if _ppid(p) == os.getpid()))
+        cold = sum(1 for p in pids if parent_pid(p) == os.getpid())
+        report.context("sessions64_cold_started", cold)
         pss, uss = pss_uss_of(pids)
         rss = sum(tree_rss_mib(p)[0] for p in pids)
         kernels = set(pids)

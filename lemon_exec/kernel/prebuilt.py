@@ -44,16 +44,15 @@ class _Prebuilt:
     config: Any
     profile_dir: str
     env: dict[str, str]
-    #: The template's module names, and how many there were (see module_names).
+    #: The template's module names (see module_names).
     modules: frozenset[str]
-    module_count: int
 
 
 _PREBUILT: _Prebuilt | None = None
 #: Whether this kernel runs on the template's shell (for tests and diagnostics).
 adopted = False
 #: The template's module names, kept by a kernel that adopted its shell.
-_modules: tuple[frozenset[str], int] | None = None
+_modules: frozenset[str] | None = None
 
 
 def build() -> bool:
@@ -89,8 +88,7 @@ def build() -> bool:
     except Exception:
         LemonShell.clear_instance()
         return False
-    modules = frozenset(sys.modules)
-    _PREBUILT = _Prebuilt(shell, config, profile_dir, env, modules, len(sys.modules))
+    _PREBUILT = _Prebuilt(shell, config, profile_dir, env, frozenset(sys.modules))
     return True
 
 
@@ -117,7 +115,7 @@ def adopt(options: dict[str, Any]) -> None:
     shell.init_environment()  # TERM, PAGER, ... in this kernel's own environment
     shell.starting_dir = os.getcwd()
     shell.history_manager.dir_hist[:] = [Path.cwd()]
-    _modules = (prebuilt.modules, prebuilt.module_count)
+    _modules = prebuilt.modules
     adopted = True
 
 
@@ -131,12 +129,10 @@ def module_names() -> AbstractSet[str]:
     removed since, one later name would be missed: it would count as imported after the
     start, which is what ``--aggressive`` unloads.
     """
-    if _modules is None:
+    names = _modules
+    if names is None or len(sys.modules) < len(names):
         return set(sys.modules)
-    names, count = _modules
-    added = len(sys.modules) - count
-    if added < 0:
-        return set(sys.modules)
+    added = len(sys.modules) - len(names)
     return _ModuleNames(names, set(itertools.islice(reversed(sys.modules), added)))
 
 

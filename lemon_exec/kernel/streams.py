@@ -102,9 +102,8 @@ class BoundedOutStream(OutStream):
     """
 
     # ipykernel leaves OutStream's methods unannotated: calls into them are untyped calls.
+    #: Characters written since a flush began (counted once the text is in the buffer).
     _unflushed = 0
-    #: Something was written since a flush began (set after the text is in the buffer).
-    _dirty = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pipe_lock = threading.Lock()
@@ -117,30 +116,25 @@ class BoundedOutStream(OutStream):
             return self._write_from_child(string)
         # A lone surrogate would make the message unencodable and lose the whole chunk.
         written = super().write(normalize_text(string) if isinstance(string, str) else string)
-        self._dirty = True
         self._unflushed += len(string)
         if self._unflushed >= STREAM_CHUNK_CHARS:
-            self._unflushed = 0
             self.flush()  # from a non-IO thread this waits for the send: backpressure
         return written
 
     def flush(self) -> None:
-        self._unflushed = 0
         # In a forked child the buffers hold the parent's unsent text, which is not ours
         # to send (the parent does), and writes went to the file descriptor already.
         if not self._is_master_process():  # type: ignore[no-untyped-call]
+            self._unflushed = 0
             return
         # Nothing written since the last flush (ipykernel flushes both streams after every
         # cell): no round trip to the IO thread, which costs two thread wake-ups. A flush
         # under way elsewhere was queued to the IO thread before anything that follows.
-        if not self._dirty and not self._pipe_pending():
+        fid = self._watched_pipe()
+        if not self._unflushed and (fid is None or _pending_bytes(fid) == 0):
             return
-        self._dirty = False
+        self._unflushed = 0
         super().flush()  # type: ignore[no-untyped-call]
-
-    def _pipe_pending(self) -> bool:
-        fid = getattr(self, "_fid", None)
-        return fid is not None and self._should_watch and _pending_bytes(fid) > 0
 
     def flush_pending(self) -> None:
         """Flush only if something was written (or waits in the pipe) since the last flush."""
@@ -150,14 +144,21 @@ class BoundedOutStream(OutStream):
 
     def drain_pipe(self) -> None:
         """Move whatever child processes wrote so far into the stream, before a new write."""
-        fid = getattr(self, "_fid", None)
-        # A forked child inherits the pipe's read end: draining there would steal the bytes.
-        if fid is None or not self._should_watch or not self._is_master_process():  # type: ignore[no-untyped-call]
+        fid = self._watched_pipe()
+        if fid is None:
             return
         with self._pipe_lock:
             while _pending_bytes(fid) > 0:
                 if not self._forward(fid):
                     return
+
+    def _watched_pipe(self) -> int | None:
+        """The captured file descriptors' pipe, if this process reads it."""
+        fid: int | None = getattr(self, "_fid", None)
+        # A forked child inherits the pipe's read end: draining there would steal the bytes.
+        if fid is None or not self._should_watch or not self._is_master_process():  # type: ignore[no-untyped-call]
+            return None
+        return fid
 
     def _write_from_child(self, string: str) -> int:
         if not isinstance(string, str):
