@@ -30,6 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 _PR_SET_CHILD_SUBREAPER = 36
 #: How long a kill_tree keeps killing what keeps appearing (a fork loop) before giving up.
@@ -43,14 +44,23 @@ _LINUX = sys.platform.startswith("linux")
 SANDBOX_ENV = "LEMON_EXEC_SANDBOXED"
 
 
-def _prctl(option: int, arg: int) -> bool:
+def _load_prctl() -> Any:
     if not _LINUX:
-        return False
+        return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return int(libc.prctl(option, arg, 0, 0, 0)) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        return None
+
+
+#: libc's prctl, looked up once (at import: in the fork-server template, for every kernel).
+_PRCTL = _load_prctl()
+
+
+def _prctl(option: int, arg: int) -> bool:
+    if _PRCTL is None:
         return False
+    return int(_PRCTL(option, arg, 0, 0, 0)) == 0
 
 
 def become_subreaper() -> bool:

@@ -1,0 +1,77 @@
+"""What the fork-server template does so that its kernels copy fewer of its pages (issue 17).
+
+The effect is measured by the benchmark (``sessions64_idle_pss_mb``); these tests check
+that each piece does what it says, in a process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [
+    pytest.mark.timeout(60),
+    pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and fork: Linux"),
+]
+
+HEAP_PROBE = """
+import ctypes, json
+from lemon_exec.kernel import heap
+libc = heap._libc()
+libc.free.argtypes = [ctypes.c_void_p]
+kept, freed = [], []
+for i in range(3000):  # holes of many sizes between blocks that stay
+    size = 24 + (i % 60) * 16
+    kept.append(libc.malloc(size))
+    freed.append(libc.malloc(size))
+for block in freed:
+    libc.free(block)
+before = libc.mallinfo2()
+top = libc.sbrk(0) - before.keepcost  # where the heap's free top began: fresh memory
+held = heap.fill_free_chunks()
+after = libc.mallinfo2()
+fresh = [libc.malloc(size) for size in (24, 100, 500, 1000, 3000)]
+print(json.dumps({
+    "held": held,
+    "free_chunks_before": before.ordblks + before.smblks,
+    "free_chunks_after": after.ordblks + after.smblks,
+    "fresh_from_top": all(block >= top for block in fresh),
+}))
+"""
+
+
+def test_filling_the_heap_leaves_new_allocations_to_its_top() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", HEAP_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    assert info["free_chunks_before"] > 100  # the holes the probe made
+    assert info["free_chunks_after"] <= 2  # the top chunk (and at most one remainder)
+    assert info["held"] > 0
+    assert info["fresh_from_top"]  # not in a hole
+
+
+ENV_PROBE = """
+import json, os, subprocess
+from lemon_exec.kernel.forkserver import _set_environ
+os.environ.update({"LEMON_T_KEEP": "same", "LEMON_T_CHANGE": "old", "LEMON_T_DROP": "x"})
+target = {k: v for k, v in os.environ.items() if k != "LEMON_T_DROP"}
+target.update({"LEMON_T_CHANGE": "new", "LEMON_T_ADD": "added"})
+_set_environ(target)
+seen = subprocess.run(["env", "-0"], capture_output=True, check=True).stdout
+child = dict(item.split("=", 1) for item in seen.decode().split("\\0") if item)
+print(json.dumps({"python": dict(os.environ) == target, "libc": child == target}))
+"""
+
+
+def test_a_forked_kernel_gets_exactly_the_requested_environment() -> None:
+    """Only the differences are applied, in Python and in libc's environment alike."""
+    out = subprocess.run(
+        [sys.executable, "-c", ENV_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"python": True, "libc": True}
