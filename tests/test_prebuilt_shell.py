@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +127,133 @@ def test_module_names_work_as_the_set_ipython_subtracts() -> None:
     # IPython's %reset --aggressive: the modules loaded since the start.
     assert {"os", "mine", "later", "json"} - names == {"later", "json"}
     assert isinstance({"later"} - names, set)
+
+
+TEMPLATE_WORK = """
+import json, logging
+from ipykernel import ipkernel, kernelbase
+from lemon_exec.kernel import app, helpers, prebuilt
+shell = get_ipython()
+kernel = shell.kernel
+log = logging.getLogger("LemonKernelApp")
+print(json.dumps({
+    "adopted": prebuilt.adopted,
+    "preloaded": sorted(prebuilt.loaded_extensions()),
+    "store_loaded": sorted(shell.extension_manager.loaded),
+    "store_magic": "store" in shell.magics_manager.magics["line"],
+    "log_handlers_kept": [id(h) for h in log.handlers]
+    == [id(h) for h in app._applied_logging[1]],
+    "log_handlers": len(log.handlers),
+    "memoized": kernelbase._accepts_parameters is app.signature_check
+    and ipkernel._accepts_parameters is app.signature_check,
+    "accepts": kernel._do_exec_accepted_params,
+    "accepts_uncached": app._accepts_parameters(kernel.do_execute, ["cell_meta", "cell_id"]),
+    "tools_key": repr(helpers._tools_cache[0]),
+    "search": list(tools.search("read")),
+}))
+"""
+
+
+def test_what_the_template_did_for_every_kernel_is_the_kernels(tmp_path: Path) -> None:
+    """Extensions, logging, the helpers' ``tools`` object, ipykernel's signature checks.
+
+    The template does each once (a forked kernel would do it the same way); the kernel
+    finds them done and working, as a cold kernel would have made them.
+    """
+
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, kernel_mode="session", warm_kernels=0)
+        async with ExecuteCode(config) as ec:
+            template = await _started_template(ec, SessionScope("first", cwd=str(tmp_path)))
+            result = await ec.run(
+                TEMPLATE_WORK + "\nimport os\nprint(os.getppid())",
+                scope=SessionScope("work", cwd=str(tmp_path)),
+            )
+            assert not result.details.get("error"), result.content
+            lines = result.content.strip().splitlines()
+            assert int(lines[-1]) == template
+            info = json.loads(lines[-2])
+            assert info["adopted"] is True
+            assert info["preloaded"] == ["storemagic"]
+            assert info["store_loaded"] == ["IPython.extensions.storemagic"]  # once
+            assert info["store_magic"] is True
+            assert info["log_handlers_kept"] is True and info["log_handlers"] == 1
+            assert info["memoized"] is True
+            assert info["accepts"] == info["accepts_uncached"]
+            assert info["tools_key"] == repr((("read", "grep", "find", "ls", "webfetch"), None))
+            assert info["search"] and info["search"][0].startswith("read(")
+
+    asyncio.run(main())
+
+
+_LOGGING_PROBE = """
+import logging, sys
+from lemon_exec.kernel import app
+first = app.LemonKernelApp()
+first.log  # configures logging
+handlers = list(logging.getLogger("LemonKernelApp").handlers)
+second = app.LemonKernelApp()
+second.log  # the same configuration: nothing rebuilt
+same = logging.getLogger("LemonKernelApp").handlers == handlers
+second.log_level = logging.DEBUG  # another configuration: applied
+changed = logging.getLogger("LemonKernelApp").handlers != handlers
+level = logging.getLogger("LemonKernelApp").handlers[0].level
+print(same, changed, len(handlers), level == logging.DEBUG)
+"""
+
+
+def test_logging_is_configured_again_only_when_its_configuration_changes() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _LOGGING_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "1", "True"]
+
+
+CONFIG_PROBE = """
+import json, os
+from lemon_exec.kernel import prebuilt
+from lemon_exec.kernel.app import LemonKernelApp
+app = LemonKernelApp.instance()
+shell = get_ipython()
+print(json.dumps({
+    # The adopted shell has the template's profile directory: so has the application,
+    # when it took the template's configuration phase over.
+    "phase_from_template": app.profile_dir is shell.profile_dir,
+    "adopted": prebuilt.adopted,
+    "loaded": app.loaded_config_files,
+    "xmode": shell.xmode,
+    "ppid": os.getppid(),
+}))
+"""
+
+
+def test_a_configuration_file_written_after_the_template_started_is_loaded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template's configuration phase is a kernel's only while no config file exists."""
+    ipython_dir = tmp_path / "ipython"
+    monkeypatch.setenv("IPYTHONDIR", str(ipython_dir))
+
+    async def main() -> None:
+        config = ExecuteCodeConfig(enabled=True, kernel_mode="session", warm_kernels=0)
+        async with ExecuteCode(config) as ec:
+            template = await _started_template(ec, SessionScope("first", cwd=str(tmp_path)))
+            before = await ec.run(CONFIG_PROBE, scope=SessionScope("before", cwd=str(tmp_path)))
+            assert not before.details.get("error"), before.content
+            info = _last_json(before.content)
+            assert info["ppid"] == template
+            assert info["phase_from_template"] is True and info["adopted"] is True
+            assert info["loaded"] == [] and info["xmode"] == "Context"
+
+            config_file = ipython_dir / "profile_default" / "ipython_config.py"
+            config_file.write_text("c.InteractiveShell.xmode = 'Plain'\n")
+            after = await ec.run(CONFIG_PROBE, scope=SessionScope("after", cwd=str(tmp_path)))
+            assert not after.details.get("error"), after.content
+            info = _last_json(after.content)
+            assert info["ppid"] == template  # still forked
+            assert info["adopted"] is False  # another configuration: its own shell too
+            assert info["loaded"] == [str(config_file)]
+            assert info["xmode"] == "Plain"
+
+    asyncio.run(main())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import logging
 import os
 import sys
 import threading
@@ -14,12 +15,15 @@ from ipykernel import kernelapp
 from ipykernel.iostream import IOPubThread
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
+from IPython.core.application import BaseIPythonApplication
 from traitlets import DottedObjectName, Type
 from traitlets.config import Config
+from traitlets.config.application import catch_config_error
+from traitlets.utils.nested_update import nested_update
 
 from lemon_exec.kernel import prebuilt
 from lemon_exec.kernel.hostlink import HostLink
-from lemon_exec.kernel.kernel import LemonKernel
+from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 from lemon_exec.kernel.protocol import HOST_LINK_ENV
@@ -39,7 +43,36 @@ _KINDS = {
 }
 
 
-class LemonKernelApp(IPKernelApp):
+#: The logging configuration this process applied last, with the handlers it made
+#: (LemonKernelApp._configure_logging).
+_applied_logging: tuple[dict[str, Any], list[logging.Handler]] | None = None
+
+
+class _ConfigPhase(BaseIPythonApplication):
+    """IPython's configuration phase, taken over from the fork-server template when it fits.
+
+    Sits between IPKernelApp and BaseIPythonApplication in LemonKernelApp's method order,
+    so that IPKernelApp.initialize's ``super().initialize(argv)`` comes here. A forked
+    kernel whose configuration phase would come out as the template's (``prebuilt.app_setup``)
+    takes its profile directory and loads no configuration file, instead of finding the one
+    and searching for the others again; any other kernel runs IPython's as usual.
+    """
+
+    # IPython leaves BaseIPythonApplication's methods unannotated: untyped calls.
+    @catch_config_error
+    def initialize(self, argv: list[str] | None = None) -> None:
+        setup = prebuilt.app_setup(argv)
+        if setup is None:
+            super().initialize(argv)  # type: ignore[no-untyped-call]
+            return
+        # BaseIPythonApplication.initialize, with the template's results for the rest.
+        self.parse_command_line(argv)
+        self.init_crash_handler()  # type: ignore[no-untyped-call]
+        self.profile_dir = setup.profile_dir
+        self.config_file_paths = list(setup.config_file_paths)
+
+
+class LemonKernelApp(IPKernelApp, _ConfigPhase):
     # ipykernel leaves IPKernelApp's methods unannotated: calls into them are untyped calls.
     name = "lemon-python-kernel"
     kernel_class = Type(LemonKernel, klass=Kernel).tag(config=True)
@@ -50,12 +83,42 @@ class LemonKernelApp(IPKernelApp):
     )
 
     def initialize(self, argv: list[str] | None = None) -> None:
+        memoize_signature_checks()  # done by the fork-server template; a cold kernel here
         self.configure_shell_config()
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)  # type: ignore[no-untyped-call]
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
+
+    def init_extensions(self) -> None:
+        # A shell adopted from the fork-server template has IPython's default extensions
+        # loaded (prebuilt.build): only the others are loaded here.
+        preloaded = prebuilt.loaded_extensions()
+        if not preloaded:
+            super().init_extensions()  # type: ignore[no-untyped-call]
+            return
+        defaults = self.default_extensions
+        self.default_extensions = [name for name in defaults if name not in preloaded]
+        try:
+            super().init_extensions()  # type: ignore[no-untyped-call]
+        finally:
+            self.default_extensions = defaults
+
+    def _configure_logging(self) -> None:
+        # traitlets runs logging.config.dictConfig when an application's log is first used,
+        # which closes every handler and builds new ones. With the configuration this
+        # process applied last (in a forked kernel: the template's, for its prebuilt shell)
+        # and its handlers still in place, that changes nothing: skipped.
+        global _applied_logging
+        config = self.get_default_logging_config()
+        nested_update(config, self.logging_config or {})
+        handlers = logging.getLogger(type(self).__name__).handlers
+        if _applied_logging == (config, handlers):
+            self._logging_configured = True
+            return
+        super()._configure_logging()
+        _applied_logging = (config, list(logging.getLogger(type(self).__name__).handlers))
 
     def configure_shell_config(self) -> None:
         """What every lemon-python kernel sets in its shell's configuration."""
@@ -263,10 +326,60 @@ PRELOAD_MODULES = (
 
 
 def preload() -> None:
-    """Import what a kernel would import at start (the fork-server template calls this)."""
+    """Import what a kernel would import at start (the fork-server template calls this).
+
+    Also what every kernel would otherwise compute the same way: the ``tools`` object of
+    the five helpers, and ipykernel's signature checks.
+    """
     for name in PRELOAD_MODULES:
         with contextlib.suppress(ImportError):  # another IPython/ipykernel version
             importlib.import_module(name)
+    from lemon_exec.kernel import helpers
+
+    helpers.prebuild()
+    if memoize_signature_checks():
+        signature_check(LemonKernel.do_execute, ["cell_meta", "cell_id"])
+        signature_check(LemonShell.run_cell_async, ["cell_id", "cell_meta"])
+
+
+_accepts_memo: dict[tuple[Any, tuple[str, ...]], dict[str, bool]] = {}
+_accepts_parameters: Any = None
+
+
+def signature_check(method: Any, names: list[str]) -> dict[str, bool]:
+    """ipykernel's ``_accepts_parameters``, once per function and names.
+
+    ipykernel asks ``inspect.signature`` whether ``do_execute`` and the shell's
+    ``run_cell_async`` take ``cell_id`` / ``cell_meta``: at every kernel start and every
+    cell. The answer depends on the function alone (a bound method's, for any instance).
+    """
+    key = (getattr(method, "__func__", method), tuple(names))
+    accepts = _accepts_memo.get(key)
+    if accepts is None:
+        accepts = _accepts_memo[key] = dict(_accepts_parameters(method, names))
+    return dict(accepts)
+
+
+def memoize_signature_checks() -> bool:
+    """Route ipykernel's signature checks through :func:`signature_check`.
+
+    Idempotent; False with an ipykernel that has no such function (nothing to memoize).
+    """
+    global _accepts_parameters
+    from ipykernel import ipkernel, kernelbase
+
+    # Through the modules' namespaces: ipkernel imported the function by name.
+    name = "_accepts_parameters"
+    original = vars(kernelbase).get(name)
+    if original is signature_check:
+        return True
+    if not callable(original):
+        return False
+    _accepts_parameters = original
+    for module in (kernelbase, ipkernel):
+        if vars(module).get(name) is original:
+            vars(module)[name] = signature_check
+    return True
 
 
 def main() -> None:

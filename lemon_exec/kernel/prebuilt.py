@@ -16,12 +16,15 @@ means:
 
 What the shell records of the process it was built in is reset on adoption: its kernel and
 parent, the environment variables it sets for pagers and colours, and the working directory
-(the template's is not the kernel's).
+(the template's is not the kernel's). The shell also comes with IPython's default extension
+(``storemagic``) loaded, and the patterns of IPython's start-up file search compiled.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fnmatch
 import itertools
 import os
 import sys
@@ -39,6 +42,16 @@ _PER_KERNEL_ENV = ("LEMON_EXEC_", "JPY_", "PYTEST_CURRENT_TEST")
 
 
 @dataclass
+class _AppSetup:
+    """What the template's application found in IPython's configuration phase."""
+
+    profile_dir: Any  # its ProfileDir
+    config_file_paths: list[str]
+    #: Every configuration file its search looked for; it found none of them.
+    candidates: tuple[str, ...]
+
+
+@dataclass
 class _Prebuilt:
     shell: Any
     config: Any
@@ -46,6 +59,10 @@ class _Prebuilt:
     env: dict[str, str]
     #: The template's module names (see module_names).
     modules: frozenset[str]
+    #: IPython's default extensions loaded into the shell (see _load_default_extensions).
+    extensions: frozenset[str]
+    #: The configuration phase a kernel may take over (see app_setup), if any.
+    setup: _AppSetup | None
 
 
 _PREBUILT: _Prebuilt | None = None
@@ -53,6 +70,8 @@ _PREBUILT: _Prebuilt | None = None
 adopted = False
 #: The template's module names, kept by a kernel that adopted its shell.
 _modules: frozenset[str] | None = None
+#: The default extensions the adopted shell has loaded (empty: not adopted).
+_extensions: frozenset[str] = frozenset()
 
 
 def build() -> bool:
@@ -85,11 +104,92 @@ def build() -> bool:
             compiler_class=XCachingCompiler,
         )
         profile_dir = str(app.profile_dir.location) if app.profile_dir is not None else ""
+        extensions = _load_default_extensions(app, shell)
+        setup = _app_setup(app)
     except Exception:
         LemonShell.clear_instance()
         return False
-    _PREBUILT = _Prebuilt(shell, config, profile_dir, env, frozenset(sys.modules))
+    _warm_startup_file_search()
+    modules = frozenset(sys.modules)
+    _PREBUILT = _Prebuilt(shell, config, profile_dir, env, modules, extensions, setup)
     return True
+
+
+def app_setup(argv: list[str] | None) -> _AppSetup | None:
+    """The template's configuration phase, if it is this kernel's; else None.
+
+    IPython's configuration phase (``BaseIPythonApplication.initialize``: the profile
+    directory, then the configuration files) comes out the same in a kernel as in the
+    template when the command line is the host's plain ``-f FILE``, the environment is the
+    template's (``IPYTHONDIR``, ``HOME``, ``JUPYTER_CONFIG_DIR``, ... decide where it
+    looks), and there is still no configuration file where the template looked. A kernel
+    then takes the template's profile directory instead of finding it again, and loads no
+    file (``LemonKernelApp``'s ``_ConfigPhase``).
+    """
+    prebuilt = _PREBUILT
+    if prebuilt is None or prebuilt.setup is None:
+        return None
+    args = sys.argv[1:] if argv is None else list(argv)
+    if len(args) != 2 or args[0] != "-f" or args[1].startswith("-"):
+        return None
+    if not _same_env(prebuilt) or any(map(os.path.isfile, prebuilt.setup.candidates)):
+        return None
+    return prebuilt.setup
+
+
+def _app_setup(app: Any) -> _AppSetup | None:
+    """The template application's configuration phase, when a kernel may take it over.
+
+    Only when it loaded no configuration file: a file's effect is known only by loading
+    it, and a Python one may do anything. The candidates are the files traitlets looks for
+    (``<dir>/<name>.py`` and ``.json`` for ``ipython_config`` and the application's own,
+    in every configuration directory).
+    """
+    from traitlets.utils import expand_path
+
+    paths = list(app.config_file_paths)
+    if app.loaded_config_files or app.extra_config_file or app.profile_dir is None:
+        return None
+    if not all(os.path.isabs(path) for path in paths):
+        return None  # relative to the working directory, which is the kernel's own
+    names = ["ipython_config.py", *(name for name in app.config_files if name)]
+    candidates = tuple(
+        expand_path(os.path.join(path, os.path.splitext(name)[0] + ext))
+        for name in dict.fromkeys(names)
+        for path in paths
+        for ext in (".py", ".json")
+    )
+    return _AppSetup(app.profile_dir, paths, candidates)
+
+
+def _load_default_extensions(app: Any, shell: Any) -> frozenset[str]:
+    """Load IPython's default extensions (``storemagic``) into the template's shell.
+
+    A kernel would load them at start, after a failed search for a top-level module of the
+    same name (IPython's older layout); loaded here, a kernel that adopts the shell skips
+    them (``LemonKernelApp.init_extensions``), and with them the search: a module named
+    ``storemagic`` in a kernel's working directory is not looked for. Not done when
+    ``StoreMagics`` is configured at all: ``autorestore`` reads the store as the extension
+    loads, which must happen in the kernel.
+    """
+    if "StoreMagics" in app.config:
+        return frozenset()
+    loaded = set()
+    for name in app.default_extensions:
+        with contextlib.suppress(Exception):  # the kernel meets (and reports) it again
+            shell.extension_manager.load_extension(name)
+            loaded.add(name)
+    return frozenset(loaded)
+
+
+def _warm_startup_file_search() -> None:
+    """Compile the patterns of IPython's start-up file search (``*.py``, ``*.ipy``) once.
+
+    fnmatch caches a pattern's regular expression on first use; without this, every
+    kernel ran the ``re`` compiler for them.
+    """
+    for pattern in ("*.py", "*.ipy"):
+        fnmatch.filter((), pattern)
 
 
 def adopt(options: dict[str, Any]) -> None:
@@ -99,7 +199,7 @@ def adopt(options: dict[str, Any]) -> None:
     ``instance()`` returns it; otherwise it is dropped and ``instance()`` builds a new one.
     Only the first call counts: the template's shell is offered once.
     """
-    global _PREBUILT, _modules, adopted
+    global _PREBUILT, _modules, _extensions, adopted
     prebuilt, _PREBUILT = _PREBUILT, None
     if prebuilt is None:
         return
@@ -116,7 +216,13 @@ def adopt(options: dict[str, Any]) -> None:
     shell.starting_dir = os.getcwd()
     shell.history_manager.dir_hist[:] = [Path.cwd()]
     _modules = prebuilt.modules
+    _extensions = prebuilt.extensions
     adopted = True
+
+
+def loaded_extensions() -> frozenset[str]:
+    """The default extensions this kernel's shell loaded in the template (empty if none)."""
+    return _extensions
 
 
 def module_names() -> AbstractSet[str]:
@@ -173,7 +279,12 @@ def _matches(prebuilt: _Prebuilt, options: dict[str, Any], config: Any) -> bool:
         app_section.pop("connection_file", None)
         if not app_section:
             del config["IPKernelApp"]
-    return bool(config == prebuilt.config) and _env(os.environ) == _env(prebuilt.env)
+    return bool(config == prebuilt.config) and _same_env(prebuilt)
+
+
+def _same_env(prebuilt: _Prebuilt) -> bool:
+    """Whether this kernel's environment is the template's, but for the per-kernel part."""
+    return _env(os.environ) == _env(prebuilt.env)
 
 
 def _env(environ: Any) -> dict[str, str]:
