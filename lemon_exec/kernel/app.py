@@ -145,7 +145,7 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         # The host starts every kernel with just ``-f FILE``: taken as is. traitlets builds an
         # argparse parser of every alias and flag first, ~10 ms of each kernel's start.
         args = sys.argv[1:] if argv is None else list(argv)
-        if len(args) != 2 or args[0] != "-f" or args[1].startswith("-"):
+        if not prebuilt.is_host_command_line(args):
             super().parse_command_line(argv)
             return
         self.argv = args

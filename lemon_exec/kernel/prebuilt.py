@@ -129,12 +129,16 @@ def app_setup(argv: list[str] | None) -> _AppSetup | None:
     prebuilt = _PREBUILT
     if prebuilt is None or prebuilt.setup is None:
         return None
-    args = sys.argv[1:] if argv is None else list(argv)
-    if len(args) != 2 or args[0] != "-f" or args[1].startswith("-"):
+    if not is_host_command_line(sys.argv[1:] if argv is None else list(argv)):
         return None
     if not _same_env(prebuilt) or any(map(os.path.isfile, prebuilt.setup.candidates)):
         return None
     return prebuilt.setup
+
+
+def is_host_command_line(args: list[str]) -> bool:
+    """Whether ``args`` is the host's plain ``-f FILE``, what every kernel it starts gets."""
+    return len(args) == 2 and args[0] == "-f" and not args[1].startswith("-")
 
 
 def _app_setup(app: Any) -> _AppSetup | None:
