@@ -21,7 +21,7 @@ from traitlets.config import Config
 from traitlets.config.application import catch_config_error
 from traitlets.utils.nested_update import nested_update
 
-from lemon_exec.kernel import prebuilt
+from lemon_exec.kernel import helpers, prebuilt
 from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
@@ -334,8 +334,6 @@ def preload() -> None:
     for name in PRELOAD_MODULES:
         with contextlib.suppress(ImportError):  # another IPython/ipykernel version
             importlib.import_module(name)
-    from lemon_exec.kernel import helpers
-
     helpers.prebuild()
     if memoize_signature_checks():
         signature_check(LemonKernel.do_execute, ["cell_meta", "cell_id"])

@@ -137,10 +137,9 @@ class BoundedOutStream(OutStream):
         super().flush()  # type: ignore[no-untyped-call]
 
     def flush_pending(self) -> None:
-        """Flush only if something was written (or waits in the pipe) since the last flush."""
+        """Flush what was written, and what child processes wrote to the pipe so far."""
         self.drain_pipe()
-        if self._unflushed:
-            self.flush()
+        self.flush()  # returns at once when nothing was written since the last flush
 
     def drain_pipe(self) -> None:
         """Move whatever child processes wrote so far into the stream, before a new write."""
