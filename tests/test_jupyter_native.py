@@ -513,3 +513,37 @@ def test_scenario_plugin_regenerates_and_detects_changes(tmp_path: Path) -> None
     assert cli.returncode == 1
     assert "expected timed_out" in cli.stdout
     assert "MISMATCH cell 2" in cli.stdout
+
+
+# --- a quiet kernel ------------------------------------------------------------------------------
+
+#: What ipykernel prints to its terminal when it runs standalone (``ipython kernel``).
+_BANNER_LINES = ("Ctrl-C will not work", "To connect another client to this kernel", "--existing")
+
+
+@pytest.mark.parametrize("kernel", [KERNEL_NAME, "python3"])
+def test_jupyter_execute_prints_nothing_of_the_kernel(tmp_path: Path, kernel: str) -> None:
+    """A notebook run by ``jupyter execute`` (nbclient): the client's own stdout carries
+    nothing from lemon-python's start, as with the stock python3 kernel beside it."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    nb = new_notebook(
+        cells=[new_code_cell("x = 6 * 7")],
+        metadata={"kernelspec": {"name": kernel, "display_name": kernel, "language": "python"}},
+    )
+    path = tmp_path / "quiet.ipynb"
+    nbformat.write(nb, path)
+    done = subprocess.run(
+        [*_jupyter("execute", f"--kernel_name={kernel}", str(path))],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    for line in _BANNER_LINES:
+        assert line not in done.stdout, done.stdout
+        assert line not in done.stderr, done.stderr
+    assert done.stdout == "", done.stdout

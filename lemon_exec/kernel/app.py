@@ -27,6 +27,7 @@ from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
 from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
 from lemon_exec.kernel.protocol import HOST_LINK_ENV
+from lemon_exec.kernel.supervise import connection_file_arg
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
 
@@ -82,7 +83,12 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         config=True
     )
 
+    #: Whether the launcher named the connection file (``-f FILE``): a client connects by itself.
+    _launched_by_client = False
+
     def initialize(self, argv: list[str] | None = None) -> None:
+        given = connection_file_arg(sys.argv[1:] if argv is None else argv)
+        self._launched_by_client = given is not None
         memoize_signature_checks()  # done by the fork-server template; a cold kernel here
         self.configure_shell_config()
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
@@ -90,6 +96,20 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         os.environ.pop("PYTEST_CURRENT_TEST", None)
         super().initialize(argv)  # type: ignore[no-untyped-call]
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
+
+    def log_connection_info(self) -> None:
+        # ipykernel prints its standalone banner ("Ctrl-C will not work", "--existing FILE")
+        # to the terminal when no parent process is named, and __main__ removes that name
+        # (its own parent watch replaces ipykernel's): a kernel a Jupyter client started would
+        # print it into the client's output on every start. Logged only, in that case.
+        if not self._launched_by_client:
+            super().log_connection_info()  # type: ignore[no-untyped-call]
+            return
+        handle, self.parent_handle = self.parent_handle, 1
+        try:
+            super().log_connection_info()  # type: ignore[no-untyped-call]
+        finally:
+            self.parent_handle = handle
 
     def init_extensions(self) -> None:
         # A shell adopted from the fork-server template has IPython's default extensions
