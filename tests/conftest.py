@@ -214,3 +214,11 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
+    if any(item.get_closest_marker("bwrap") for item in items):
+        import support_bwrap
+
+        support_bwrap.ensure(config)

@@ -170,6 +170,7 @@ def test_settings_default_to_unlimited_and_read_the_environment() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bwrap
 @pytest.mark.parametrize(
     "facade",
     [{"sandbox": "bwrap", "kernel_memory_mb": 256, "kernel_max_processes": 30}],
