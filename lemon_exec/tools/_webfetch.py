@@ -28,6 +28,7 @@ from typing import Any
 
 from lemon_exec.errors import ToolFailure
 
+from ._html import html_to_text
 from ._lanes import ThreadLane
 from ._paths import is_binary_bytes
 from ._types import ToolCall, ToolSpec
@@ -374,7 +375,7 @@ def _to_text(url: str, headers: Message, body: bytes, mode: str) -> str:
             "webfetch only returns text"
         )
     text = body.decode(_charset(headers, body, is_html), errors="replace")
-    return _html_to_text(text, url, mode) if is_html else text
+    return html_to_text(text, url, mode) if is_html else text
 
 
 def _is_texty(ctype: str, body: bytes) -> bool:
@@ -400,51 +401,3 @@ def _charset(headers: Message, body: bytes, is_html: bool) -> str:
         return codecs.lookup(charset or "utf-8").name
     except LookupError:
         return "utf-8"
-
-
-# Elements whose content is never page text.
-_DROPPED_TAGS = ("head", "script", "style", "noscript", "template")
-# What extract_mode='text' leaves out: links and images, and the marks of emphasis.
-_TEXT_MODE_STRIPPED = ("a", "img", "em", "i", "strong", "b", "del", "s", "strike")
-
-
-def _html_to_text(html: str, url: str, mode: str) -> str:
-    # Imported lazily: only webfetch needs them.
-    from bs4 import BeautifulSoup
-    from markdownify import ATX, UNDERSCORE, MarkdownConverter
-
-    soup = BeautifulSoup(html, "html.parser")
-    for element in soup.find_all(_DROPPED_TAGS):
-        element.decompose()
-    if mode == "text":
-        converter = MarkdownConverter(
-            heading_style=ATX,
-            strip=list(_TEXT_MODE_STRIPPED),
-            escape_asterisks=False,
-            escape_underscores=False,
-            escape_misc=False,
-        )
-    else:
-        # Links and images absolute against the page's (final) URL, as a reader needs them.
-        for attr, tag in (("href", "a"), ("src", "img")):
-            for element in soup.find_all(tag, attrs={attr: True}):
-                element[attr] = urllib.parse.urljoin(url, str(element[attr]))
-        converter = MarkdownConverter(
-            heading_style=ATX,
-            strong_em_symbol=UNDERSCORE,  # _em_, __strong__
-            escape_underscores=False,  # snake_case stays readable; intraword _ is literal
-            code_language_callback=_code_language,
-        )
-    text = converter.convert_soup(soup)
-    text = re.sub(r"[ \t]+\n", "\n", text)  # markdownify leaves trailing blanks
-    return re.sub(r"\n{3,}", "\n\n", text).strip() + "\n"
-
-
-def _code_language(pre: Any) -> str | None:
-    """The language of a ``<pre>`` block from a ``language-x`` class (on it or its ``<code>``)."""
-    for element in (pre, pre.find("code")):
-        classes = element.get("class") if element is not None else None
-        for name in classes or ():
-            if name.startswith(("language-", "lang-")):
-                return str(name.split("-", 1)[1])
-    return None
