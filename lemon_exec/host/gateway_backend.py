@@ -85,7 +85,9 @@ class GatewayBackend:
         self._starting.add(kernel_id)
         deadline = time.monotonic() + timeout
         try:
-            await client.start_kernel(self.gateway, self.kernel_name, kernel_id, {}, timeout)
+            await client.start_kernel(
+                self.gateway, self.kernel_name, kernel_id, client.request_env(), timeout
+            )
             remaining = max(0.1, deadline - time.monotonic())
             kernel = await GatewayKernel.open(self.gateway, kernel_id, remaining)
         except BaseException:

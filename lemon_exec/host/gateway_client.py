@@ -15,6 +15,7 @@ delete uses urllib, because no event loop runs then.
 from __future__ import annotations
 
 import contextlib
+import os
 import itertools
 import json
 import urllib.error
@@ -38,6 +39,28 @@ PING_TIMEOUT_S = 10.0
 
 _URL_HINT = "check gateway_url (LEMON_EXECUTE_CODE_GATEWAY_URL) and that the gateway runs"
 _TOKEN_HINT = "check gateway_auth_token (LEMON_EXECUTE_CODE_GATEWAY_AUTH_TOKEN)"
+#: The user EG starts a kernel for: taken from the host's environment when set there.
+USERNAME_ENV = "KERNEL_USERNAME"
+#: EG's refusals of the kernel's user (its _raise_authorization_error), and the fix of each.
+_USER_REFUSALS = {
+    "is not authorized to start kernel": (
+        "the user is in the gateway's unauthorized_users (EG refuses root by default): start "
+        "the gateway with --EnterpriseGatewayApp.unauthorized_users set without that user "
+        "(docs/scale-out.md), or set KERNEL_USERNAME in the host's environment to a user "
+        "the gateway allows (lemon_exec sends it with each start)"
+    ),
+    "is not in the set of users authorized": (
+        "the user is not in the gateway's authorized_users: add it there, or set "
+        "KERNEL_USERNAME in the host's environment to a user in that set (lemon_exec sends "
+        "it with each start)"
+    ),
+}
+
+
+def request_env() -> dict[str, str]:
+    """The ``KERNEL_*`` variables a start request carries besides ``KERNEL_ID``."""
+    username = os.environ.get(USERNAME_ENV, "")
+    return {USERNAME_ENV: username} if username else {}
 
 
 @dataclass(frozen=True)
@@ -112,6 +135,11 @@ def start_error(gateway: Gateway, exc: HTTPClientError, name: str) -> KernelStar
             f"execute_code: {where} refused to start another kernel (its max_kernels "
             "limit); try again shortly"
         )
+    for refusal, fix in _USER_REFUSALS.items():
+        if exc.code == 403 and refusal in reason:
+            return KernelStartError(
+                f"execute_code: {where} refused to start a kernel (HTTP 403: {reason}); {fix}"
+            )
     if exc.code in (401, 403):
         return KernelStartError(
             f"execute_code: {where} refused the request (HTTP {exc.code} {reason}); " + _TOKEN_HINT

@@ -155,8 +155,10 @@ def write_kernelspec(data_dir: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_gateway(workdir: Path) -> Iterator[EnterpriseGateway]:
-    """Start a gateway on a free loopback port with a random token; stop it afterwards."""
+def running_gateway(workdir: Path, *options: str) -> Iterator[EnterpriseGateway]:
+    """Start a gateway on a free loopback port with a random token; stop it afterwards.
+
+    ``options`` replace the defaults below that set the same option."""
     exe = ensure_eg_venv()
     data_dir = workdir / "share" / "jupyter"
     write_kernelspec(data_dir)
@@ -184,6 +186,9 @@ def running_gateway(workdir: Path) -> Iterator[EnterpriseGateway]:
         "--KernelRestarter.time_to_dead=0.5",
         "--RemoteKernelManager.shutdown_wait_time=2.0",
     ]
+    # traitlets keeps the first of two settings of one option: the caller's replace ours.
+    keys = {option.split("=", 1)[0] for option in options}
+    argv = [arg for arg in argv if arg.split("=", 1)[0] not in keys] + list(options)
     log_path = workdir / "eg.log"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(

@@ -17,7 +17,7 @@ import pytest
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.results import lost_line
 
-from .eg import CuttableProxy, EnterpriseGateway, free_port
+from .eg import CuttableProxy, EnterpriseGateway, free_port, running_gateway
 from .support_gw import with_facade
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,6 +96,35 @@ def test_a_wrong_token_is_a_clear_start_failure(gateway: EnterpriseGateway) -> N
     assert "gateway_auth_token" in content
     assert details["startup_failed"] is True
     assert gateway.kernel_ids() == set()
+
+
+def test_a_refused_kernel_user_names_the_setting_that_fixes_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EG's 403s for the kernel's user (root is refused by default) name unauthorized_users,
+    authorized_users and KERNEL_USERNAME, never the token, which was right."""
+    users = [
+        "--EnterpriseGatewayApp.unauthorized_users={'mallory'}",
+        "--EnterpriseGatewayApp.authorized_users={'alice'}",
+    ]
+    with running_gateway(tmp_path, *users) as gateway:
+        monkeypatch.setenv("KERNEL_USERNAME", "mallory")
+        content, details = _run(gateway, "print('never')")
+        assert "User 'mallory' is not authorized to start kernel" in content, content
+        assert "unauthorized_users" in content and "KERNEL_USERNAME" in content
+        assert "gateway_auth_token" not in content
+        assert details["startup_failed"] is True
+
+        monkeypatch.delenv("KERNEL_USERNAME")  # the gateway's own user: not in the set
+        content, _ = _run(gateway, "print('never')")
+        assert "is not in the set of users authorized" in content, content
+        assert "authorized_users" in content and "KERNEL_USERNAME" in content
+        assert "gateway_auth_token" not in content
+
+        monkeypatch.setenv("KERNEL_USERNAME", "alice")
+        content, details = _run(gateway, "import os; print(os.environ['KERNEL_USERNAME'])")
+        assert content.strip() == "alice", content
+        assert gateway.kernel_ids() == set()
 
 
 def test_an_unreachable_gateway_is_a_clear_start_failure(gateway: EnterpriseGateway) -> None:
