@@ -15,9 +15,9 @@ delete uses urllib, because no event loop runs then.
 from __future__ import annotations
 
 import contextlib
-import os
 import itertools
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
