@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -329,6 +330,22 @@ def test_traceback_has_exact_lines_and_only_script_frames(tool: ExecuteCode) -> 
     )
     assert result.content == "Script raised ValueError: deep\n\n" + expected
     assert result.details["exit_code"] == 1
+
+
+@pytest.mark.parametrize("end", ["", "\n"])
+def test_traceback_carets_are_python_s_own(tool: ExecuteCode, tmp_path: Path, end: str) -> None:
+    """The caret line under the failing expression is the one Python itself prints for the
+    same file, also when the script's last line has no newline."""
+    script = 'values = {"a": 1}\nprint(values["missing"])' + end
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    native = subprocess.run(
+        [sys.executable, path.name], cwd=tmp_path, capture_output=True, text=True, check=False
+    ).stderr.replace(str(path), path.name)
+    result = tool.run_sync(script)
+    assert native.startswith("Traceback (most recent call last):\n"), native
+    expected = "Script raised KeyError: 'missing'\n\n" + native
+    assert result.content.rstrip("\n") == expected.rstrip("\n"), result.content
 
 
 def test_syntax_error_reports_its_line(tool: ExecuteCode) -> None:

@@ -112,7 +112,12 @@ class _InputGuard:
 
 def register_source(filename: str, code: str) -> None:
     """Make the script's source visible to tracebacks and inspect without a file on disk."""
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
+    lines = code.splitlines(True)
+    # As linecache itself reads a file: every line ends with a newline. Python 3.11 places a
+    # traceback's carets by the line's length with it, one column off on a last line without.
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    linecache.cache[filename] = (len(code), None, lines, filename)
     _SCRIPT_FILES.add(filename)
 
 
