@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 
 from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.errors import RefusedError
+from lemon_exec.host import runtime_base
 from lemon_exec.kernel.supervise import SANDBOX_ENV
 
 if TYPE_CHECKING:
@@ -140,6 +141,13 @@ def kernel_argv_prefix(
             'a project directory (or a scope with its cwd), or set sandbox_cwd = "ro"; '
             "nothing ran"
         )
+    base = runtime_base.base_path()
+    if _under(cwd, base) and not _under(cwd, kernel_dir):
+        raise RefusedError(
+            f'execute_code: sandbox = "bwrap" with the working directory {cwd}, inside '
+            f"{base}, where every host keeps its kernels' keys and sockets; run from a "
+            "project directory (or a scope with its cwd); nothing ran"
+        )
     # /tmp and $TMPDIR (where staging roots live) are private: every host's root is hidden.
     masks = [Path("/tmp")]
     for private in (Path(os.environ.get("TMPDIR") or "/tmp"), staging_root.parent):
@@ -168,7 +176,9 @@ def kernel_argv_prefix(
             for root in _other_roots(staging_root):
                 args += ["--tmpfs", str(root)]
     # Hidden after the cwd, so that a cwd containing them (e.g. HOME) never uncovers them.
-    args += ["--tmpfs", str(staging_root)]
+    # The runtime base holds every host's keys and sockets, those made later included: one
+    # mount over its fixed path hides them all, whatever the cwd (runtime_base.py).
+    args += ["--tmpfs", str(base), "--tmpfs", str(staging_root)]
     for hidden in _hidden_paths(spec.hidden):
         if hidden.is_dir():
             args += ["--tmpfs", str(hidden)]
