@@ -214,3 +214,15 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def reap_dirs() -> Iterator[list[Path]]:
+    """Directories a test made outside its tmp_path (runtime directories under the fixed
+    runtime base, /tmp/lemon-exec.<uid>/): removed at the end."""
+    made: list[Path] = []
+    try:
+        yield made
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
