@@ -23,10 +23,12 @@ exec) and the kernel, told by :data:`SANDBOX_ENV`, restores its own handler.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING
 from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.errors import RefusedError
 from lemon_exec.host import runtime_base
+from lemon_exec.kernel import protocol
 from lemon_exec.kernel.supervise import SANDBOX_ENV
 
 if TYPE_CHECKING:
@@ -59,6 +62,11 @@ class SandboxSpec:
     cwd_writable: bool = True
     hidden: tuple[str, ...] = ()
     network: bool = False
+    #: Paths inside hidden ones seen again (read-only).
+    visible: tuple[str, ...] = ()
+    #: Environment variable name patterns the kernel does not get, and exceptions to them.
+    env_hidden: tuple[str, ...] = ()
+    env_allowed: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -72,6 +80,9 @@ def spec_from_config(config: ExecuteCodeConfig) -> SandboxSpec:
         cwd_writable=config.sandbox_cwd != "ro",
         hidden=tuple(config.sandbox_hidden),
         network=config.sandbox_network,
+        visible=tuple(config.sandbox_visible),
+        env_hidden=tuple(config.sandbox_env_hidden),
+        env_allowed=tuple(config.sandbox_env_allowed),
     )
 
 
@@ -124,6 +135,7 @@ def kernel_argv_prefix(
     staging_root: Path,
     pypath: Path,
     runtime: tuple[Path, ...] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argv that runs a kernel's ``python -m lemon_exec.kernel ...`` inside the sandbox.
 
@@ -131,7 +143,10 @@ def kernel_argv_prefix(
     ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only);
     ``runtime`` what the kernel needs to run at all (its interpreter's environment, the
     ``lemon_exec`` package): bound read-only again where the private ``/tmp`` or
-    ``$TMPDIR`` would hide them (a checkout and venv under ``/tmp``, as CI clones often are).
+    ``$TMPDIR``, or a hidden path (``~``), would hide them (a checkout and venv under
+    ``/tmp``, as CI clones often are; pyenv under ``~``). ``environ`` (default:
+    ``os.environ``) is the environment the kernel will be started with: the variables
+    ``spec.env_hidden`` matches are removed from it inside.
     """
     cwd = Path(os.path.realpath(cwd))
     if cwd == Path("/") and spec.cwd_writable:
@@ -154,22 +169,37 @@ def kernel_argv_prefix(
         private = Path(os.path.realpath(private))
         if private.is_dir() and not any(_under(private, m) for m in masks):
             masks.append(private)
+    hidden = _hidden_paths(spec.hidden)
+    # What must stay visible: the cwd, and what the kernel needs or the config names.
+    back = [Path(os.path.realpath(p)) for p in (*runtime, *_expanded(spec.visible))]
+    back = [p for p in _distinct(back) if p.exists() and not _under(p, cwd)]
+    # Hidden directories that contain something visible (~ holding the cwd, pyenv or
+    # ~/.local/lib) are hidden before it is bound; the others after everything.
+    first = [
+        h
+        for h in hidden
+        if h != Path("/") and h.is_dir() and any(_under(v, h) for v in (cwd, *back))
+    ]
+    later = [h for h in hidden if h not in first]
+    early = masks + sorted(first, key=lambda p: len(p.parts))
     bind_cwd = [] if cwd == Path("/") else ["--bind" if spec.cwd_writable else "--ro-bind"]
     bind_cwd += [str(cwd), str(cwd)] if bind_cwd else []
-    inside_mask = any(_under(cwd, m) for m in masks)
+    inside_mask = any(_under(cwd, m) for m in early)
     args = ["--ro-bind", "/", "/"]
     # A cwd that contains the special mounts is bound first, so that they cover it; one
     # inside a mask is bound after the mask, and what the cwd then uncovers is masked again.
     args += [] if inside_mask else bind_cwd
     args += ["--dev", "/dev", "--proc", "/proc"]
-    for mask in masks:
+    for mask in early:
         args += ["--tmpfs", str(mask)]
-    for needed in sorted({Path(os.path.realpath(p)) for p in runtime}):
-        if needed.exists() and any(_under(needed, m) for m in masks):
-            args += ["--ro-bind", str(needed), str(needed)]
+    rebound = sorted(
+        (p for p in back if any(_under(p, m) for m in early)), key=lambda p: len(p.parts)
+    )
+    for needed in rebound:
+        args += ["--ro-bind", str(needed), str(needed)]
     if inside_mask:
         args += bind_cwd
-        for mask in masks:
+        for mask in early:
             if mask != cwd and _under(mask, cwd):
                 args += ["--tmpfs", str(mask)]
         if _under(staging_root.parent, cwd):  # the cwd is $TMPDIR or above: other roots
@@ -179,11 +209,11 @@ def kernel_argv_prefix(
     # The runtime base holds every host's keys and sockets, those made later included: one
     # mount over its fixed path hides them all, whatever the cwd (runtime_base.py).
     args += ["--tmpfs", str(base), "--tmpfs", str(staging_root)]
-    for hidden in _hidden_paths(spec.hidden):
-        if hidden.is_dir():
-            args += ["--tmpfs", str(hidden)]
+    for hidden_path in later:
+        if hidden_path.is_dir():
+            args += ["--tmpfs", str(hidden_path)]
         else:
-            args += ["--ro-bind", "/dev/null", str(hidden)]
+            args += ["--ro-bind", "/dev/null", str(hidden_path)]
     args += ["--bind", str(kernel_dir), str(kernel_dir)]
     args += ["--ro-bind", str(pypath), str(pypath)]
     args += ["--chdir", str(cwd)]
@@ -192,8 +222,32 @@ def kernel_argv_prefix(
         args += ["--unshare-net"]
     # jupyter_client names the host here; its PID means nothing in the new namespace.
     args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
+    for name in hidden_env(spec, os.environ if environ is None else environ):
+        args += ["--unsetenv", name]
     # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
     return [*_LAUNCHER, bwrap, *args, "--"]
+
+
+#: What the kernel itself needs from its environment: never removed.
+_KERNEL_ENV = frozenset(
+    {SANDBOX_ENV, protocol.HOST_LINK_ENV, protocol.MANAGED_ENV, protocol.ACK_TIMEOUT_ENV}
+)
+
+
+def hidden_env(spec: SandboxSpec, environ: Mapping[str, str]) -> list[str]:
+    """The names in ``environ`` a kernel under ``spec`` does not get (sorted)."""
+
+    def matches(name: str, patterns: tuple[str, ...]) -> bool:
+        upper = name.upper()
+        return any(fnmatch.fnmatchcase(upper, p.upper()) for p in patterns)
+
+    return sorted(
+        name
+        for name in environ
+        if name not in _KERNEL_ENV
+        and matches(name, spec.env_hidden)
+        and not matches(name, spec.env_allowed)
+    )
 
 
 def template_argv_prefix(spec: SandboxSpec, *, bwrap: str) -> list[str]:
@@ -274,13 +328,14 @@ def _other_roots(staging_root: Path) -> list[Path]:
 
 def _hidden_paths(paths: tuple[str, ...]) -> list[Path]:
     """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(os.path.expanduser(raw))
-        if not path.is_absolute() or not os.path.lexists(path):
-            continue
-        found.append(Path(os.path.realpath(path)))
-    return _distinct(found)
+    found = [p for p in _expanded(paths) if os.path.lexists(p)]
+    return _distinct([Path(os.path.realpath(p)) for p in found])
+
+
+def _expanded(paths: tuple[str, ...]) -> list[Path]:
+    """``paths`` with ``~`` expanded; relative ones (meaningless here) left out."""
+    expanded = [Path(os.path.expanduser(raw)) for raw in paths]
+    return [p for p in expanded if p.is_absolute()]
 
 
 def _distinct(paths: list[Path]) -> list[Path]:
