@@ -184,3 +184,21 @@ def test_hidden_env_patterns_are_configurable() -> None:
     default = sandboxes.spec_from_config(enabled_config())
     names = sandboxes.hidden_env(default, {**SECRET_ENV, **PLAIN_ENV, "PATH": "/bin"})
     assert names == sorted(SECRET_ENV)
+
+
+def test_a_home_of_root_hides_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HOME=/ (some containers): hiding ~ must not put a tmpfs over the whole view."""
+    from lemon_exec.host import sandbox as sandboxes
+
+    monkeypatch.setenv("HOME", "/")
+    spec = sandboxes.spec_from_config(enabled_config(sandbox="bwrap"))
+    argv = sandboxes.kernel_argv_prefix(
+        spec,
+        bwrap="bwrap",
+        cwd=Path("/var/tmp"),
+        kernel_dir=Path("/tmp/lemon-exec.0/lemon-exec-x/k"),
+        staging_root=Path("/tmp/lemon-exec-x"),
+        pypath=Path("/tmp/lemon-exec-x/pypath"),
+    )
+    tmpfs = [argv[i + 1] for i, word in enumerate(argv) if word == "--tmpfs"]
+    assert "/" not in tmpfs, tmpfs

@@ -178,7 +178,7 @@ def kernel_argv_prefix(
     first = [
         h
         for h in hidden
-        if h != Path("/") and h.is_dir() and any(_under(v, h) for v in (cwd, *back))
+        if h.is_dir() and any(_under(v, h) for v in (cwd, *back))
     ]
     later = [h for h in hidden if h not in first]
     early = masks + sorted(first, key=lambda p: len(p.parts))
@@ -327,9 +327,12 @@ def _other_roots(staging_root: Path) -> list[Path]:
 
 
 def _hidden_paths(paths: tuple[str, ...]) -> list[Path]:
-    """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates."""
-    found = [p for p in _expanded(paths) if os.path.lexists(p)]
-    return _distinct([Path(os.path.realpath(p)) for p in found])
+    """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates.
+
+    ``/`` is never one (a ``HOME`` of ``/``, as in some containers, hides nothing).
+    """
+    found = [Path(os.path.realpath(p)) for p in _expanded(paths) if os.path.lexists(p)]
+    return _distinct([p for p in found if p != Path("/")])
 
 
 def _expanded(paths: tuple[str, ...]) -> list[Path]:
