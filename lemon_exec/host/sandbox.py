@@ -5,9 +5,12 @@ python -m lemon_exec.kernel -f FILE`` (see :func:`kernel_argv_prefix`). Inside i
 
 - the whole filesystem read-only, with a private ``/tmp`` (and ``$TMPDIR``), its working
   directory writable (``sandbox_cwd = "rw"``) or read-only, a fresh ``/dev`` and ``/proc``;
-- nothing of ``sandbox_hidden`` (credential stores: an empty directory or file in their
-  place) and nothing of the host's staging root but its own runtime directory (its sockets
-  and connection file) and the read-only directory that puts ``lemon_exec`` on its path;
+- nothing of ``sandbox_hidden`` (credential stores and, by default, ``~``: an empty
+  directory or file in their place; the cwd, the interpreter and ``sandbox_visible`` are
+  bound back), nothing of the runtime base (:mod:`lemon_exec.host.runtime_base`: every
+  host's keys and sockets, those made later included) but its own kernel's directory, and
+  of its staging root only the read-only directory that puts ``lemon_exec`` on its path;
+- no environment variable ``sandbox_env_hidden`` matches (tokens, keys, passwords);
 - its own PID namespace (host processes cannot be seen or signalled; when the kernel ends,
   the namespace and every daemon in it end), its own IPC namespace, and, unless
   ``sandbox_network``, its own network namespace with only a loopback of its own;
