@@ -298,3 +298,19 @@ def test_a_squatted_runtime_base_is_refused(monkeypatch: pytest.MonkeyPatch, pla
     os.chmod(fake / f"lemon-exec.{os.getuid()}", 0o755)
     with pytest.raises(Exception, match="mode 755"):
         runtime_base.runtime_base()
+
+
+def test_a_cwd_inside_the_runtime_base_is_refused() -> None:
+    from lemon_exec.host import sandbox as sandboxes
+
+    base = runtime_base.base_path()
+    spec = sandboxes.SandboxSpec(kind="bwrap")
+    with pytest.raises(Exception, match="where every host keeps its kernels' keys"):
+        sandboxes.kernel_argv_prefix(
+            spec,
+            bwrap="bwrap",
+            cwd=base / "lemon-exec-other",
+            kernel_dir=base / "lemon-exec-mine" / "k",
+            staging_root=Path("/tmp/lemon-exec-mine"),
+            pypath=Path("/tmp/lemon-exec-mine/pypath"),
+        )
