@@ -40,7 +40,9 @@ else:  # pragma: no cover - exercised only on 3.10
     import tomli as tomllib
 
 __all__ = [
+    "DEFAULT_SANDBOX_ENV_HIDDEN",
     "DEFAULT_SANDBOX_HIDDEN",
+    "DEFAULT_SANDBOX_VISIBLE",
     "ENV_PREFIX",
     "HELPER_ALLOWLIST",
     "MAX_WARM_KERNELS",
@@ -81,6 +83,35 @@ DEFAULT_SANDBOX_HIDDEN: tuple[str, ...] = (
     "/run/dbus",
     "/run/docker.sock",
     "/var/run/docker.sock",
+    # The whole home directory (an empty, private tmpfs in its place), so that credential
+    # files nobody listed, and those created after a kernel started, stay out of view too;
+    # the working directory and sandbox_visible are bound back.
+    "~",
+)
+
+#: What a sandboxed kernel sees again inside hidden paths (read-only): user site-packages.
+DEFAULT_SANDBOX_VISIBLE: tuple[str, ...] = ("~/.local/lib",)
+
+#: Environment variables a sandboxed kernel does not get (shell patterns, any case).
+DEFAULT_SANDBOX_ENV_HIDDEN: tuple[str, ...] = (
+    "*_TOKEN",
+    "*_TOKEN_*",
+    "TOKEN",
+    "*SECRET*",
+    "*PASSWORD*",
+    "*PASSWD*",
+    "*_KEY",
+    "*_KEY_*",
+    "*APIKEY*",
+    "*CREDENTIAL*",
+    "*_AUTH",
+    "*_AUTH_*",
+    "*_PAT",
+    "*_DSN",
+    "DATABASE_URL",
+    "AWS_*",
+    "AZURE_*",
+    "GPG_AGENT_INFO",
 )
 
 #: Most warm spares a host keeps (each is a running interpreter); larger values are clamped.
@@ -424,8 +455,33 @@ class ExecuteCodeConfig(Configurable):
         default_value=list(DEFAULT_SANDBOX_HIDDEN),
         help="Paths a sandboxed kernel cannot see (an empty directory or file in their "
         "place); ~ is the host's HOME. Default: the common credential stores and the agent, "
-        "D-Bus and Docker sockets. The staging "
-        "root is always hidden apart from the kernel's own runtime directory.",
+        "D-Bus and Docker sockets, and ~ itself (but for the working directory and "
+        "sandbox_visible). Every kernel's keys and sockets are always hidden apart from the "
+        "kernel's own.",
+    ).tag(config=True, convert=_coerce_paths)
+
+    sandbox_visible = _List(
+        Unicode(),
+        default_value=list(DEFAULT_SANDBOX_VISIBLE),
+        help="Paths inside hidden ones (sandbox_hidden, whose default hides ~) that a "
+        "sandboxed kernel still sees, read-only; ~ is the host's HOME. Default: ~/.local/lib "
+        "(user site-packages). The working directory and the interpreter's installation are "
+        "always visible.",
+    ).tag(config=True, convert=_coerce_paths)
+
+    sandbox_env_hidden = _List(
+        Unicode(),
+        default_value=list(DEFAULT_SANDBOX_ENV_HIDDEN),
+        help="Environment variables a sandboxed kernel does not get: shell patterns matched "
+        "against each name in any case (*_TOKEN, *SECRET*, *_KEY, AWS_*, ...; see "
+        "docs/sandbox.md). A list replaces the default.",
+    ).tag(config=True, convert=_coerce_paths)
+
+    sandbox_env_allowed = _List(
+        Unicode(),
+        default_value=[],
+        help="Environment variables a sandboxed kernel keeps although sandbox_env_hidden "
+        "matches them (names or shell patterns, any case). Default: none.",
     ).tag(config=True, convert=_coerce_paths)
 
     sandbox_network = _Bool(

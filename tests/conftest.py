@@ -216,6 +216,18 @@ def short_tmp() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture
+def reap_dirs() -> Iterator[list[Path]]:
+    """Directories a test made outside its tmp_path (runtime directories under the fixed
+    runtime base, /tmp/lemon-exec.<uid>/): removed at the end."""
+    made: list[Path] = []
+    try:
+        yield made
+    finally:
+        for path in made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
     if any(item.get_closest_marker("bwrap") for item in items):

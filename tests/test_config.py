@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from lemon_exec.config import (
+    DEFAULT_SANDBOX_ENV_HIDDEN,
     DEFAULT_SANDBOX_HIDDEN,
+    DEFAULT_SANDBOX_VISIBLE,
     ENV_PREFIX,
     HELPER_ALLOWLIST,
     MAX_WARM_KERNELS,
@@ -49,6 +51,9 @@ DEFAULTS = {
     "sandbox": "none",
     "sandbox_cwd": "rw",
     "sandbox_hidden": list(DEFAULT_SANDBOX_HIDDEN),
+    "sandbox_visible": list(DEFAULT_SANDBOX_VISIBLE),
+    "sandbox_env_hidden": list(DEFAULT_SANDBOX_ENV_HIDDEN),
+    "sandbox_env_allowed": [],
     "sandbox_network": False,
     "gateway_url": "",
     "gateway_auth_token": "",
@@ -105,9 +110,10 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     assert keys == list(SETTING_KEYS)
     # the spec's 13, max_parallel_mcp, warm_kernels, fork_server, max_concurrent_per_call,
     # max_queued_per_call, max_spill_bytes, kernel_memory_mb, kernel_max_processes,
-    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_network,
-    # gateway_url, gateway_auth_token, gateway_kernel_name
-    assert len(keys) == 29
+    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_visible,
+    # sandbox_env_hidden, sandbox_env_allowed, sandbox_network, gateway_url,
+    # gateway_auth_token, gateway_kernel_name
+    assert len(keys) == 32
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -209,6 +215,9 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_SANDBOX": "BWrap",
         "LEMON_EXECUTE_CODE_SANDBOX_CWD": "ro",
         "LEMON_EXECUTE_CODE_SANDBOX_HIDDEN": "~/.ssh, /srv/secrets",
+        "LEMON_EXECUTE_CODE_SANDBOX_VISIBLE": "~/.cache/pip",
+        "LEMON_EXECUTE_CODE_SANDBOX_ENV_HIDDEN": "*_TOKEN",
+        "LEMON_EXECUTE_CODE_SANDBOX_ENV_ALLOWED": "CI_TOKEN",
         "LEMON_EXECUTE_CODE_SANDBOX_NETWORK": "on",
         "LEMON_EXECUTE_CODE_GATEWAY_URL": " http://eg.example:8888/ ",
         "LEMON_EXECUTE_CODE_GATEWAY_AUTH_TOKEN": "s3cret",
@@ -240,6 +249,9 @@ def test_every_env_variable_is_read() -> None:
         "sandbox": "bwrap",
         "sandbox_cwd": "ro",
         "sandbox_hidden": ["~/.ssh", "/srv/secrets"],
+        "sandbox_visible": ["~/.cache/pip"],
+        "sandbox_env_hidden": ["*_TOKEN"],
+        "sandbox_env_allowed": ["CI_TOKEN"],
         "sandbox_network": True,
         "gateway_url": "http://eg.example:8888",
         "gateway_auth_token": "s3cret",

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from support import mcp_call_execute_code, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host import hygiene
+from lemon_exec.host.runtime_base import runtime_dir_of
 from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.kernel import supervise
 from lemon_exec.scope import SessionScope
@@ -146,7 +148,8 @@ def start_host(tmp_path: Path, base: Path, mode: str, fork: str) -> subprocess.P
 
 
 def connection_files(base: Path) -> list[Path]:
-    return list(base.glob("lemon-exec-*/runtime/kernel-*.json"))
+    """The keys of the hosts whose staging roots are in ``base`` (in their runtime dirs)."""
+    return [k for r in base.glob("lemon-exec-*") for k in runtime_dir_of(r).glob("kernel-*.json")]
 
 
 def names(root: Path) -> set[str]:
@@ -276,12 +279,14 @@ def _dead_pid() -> int:
 
 
 def test_next_start_kills_recorded_survivors_but_never_a_reused_pid(
-    tmp_path: Path, reap: set[int]
+    tmp_path: Path, reap: set[int], reap_dirs: list[Path]
 ) -> None:
-    root = tmp_path / "lemon-exec-dead"
+    root = tmp_path / f"lemon-exec-dead{uuid.uuid4().hex[:8]}"
     root.mkdir(mode=0o700)
-    (root / "runtime").mkdir(mode=0o700)
-    key_file = root / "runtime" / "kernel-x.json"
+    runtime = runtime_dir_of(root)
+    runtime.mkdir(mode=0o700)
+    reap_dirs.append(runtime)
+    key_file = runtime / "kernel-x.json"
     key_file.write_text('{"key": "secret"}')
     owner = _dead_pid()
     (root / "owner").write_text(json.dumps({"pid": owner, "created": 0, "version": 1}))

@@ -5,9 +5,10 @@ waits for a go-file (so its kernel stays alive), a warm spare, fork-server templ
 tool worker (the run calls ``grep``). While they live, the test reads ``/proc``:
 
 - no process of the host's tree (host included) holds a TCP or UDP socket;
-- every listening Unix socket of the tree lies in a staging root's 0700 ``runtime/``;
-- every directory of the staging root is 0700, every file 0600, all ours; sockets only in
-  ``runtime/``, one symlink (``pypath/lemon_exec``);
+- every listening Unix socket of the tree lies in its host's 0700 runtime directory under
+  the fixed runtime base ``/tmp/lemon-exec.<uid>/`` (0700, ours), named as its staging root;
+- every directory of the staging root and of the runtime directory is 0700, every file
+  0600, all ours; sockets only in the runtime directory, one symlink (``pypath/lemon_exec``);
 - no connection-file key appears on a command line or in an environment, and environments
   are readable by the owner only;
 
@@ -35,6 +36,7 @@ import pytest
 from conftest import wait_until
 
 from lemon_exec.cli.mcp import TOKEN_ENV
+from lemon_exec.host.runtime_base import runtime_dir_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -203,9 +205,15 @@ def test_a_live_host_is_as_the_security_page_says(
     assert workers, cmdlines
     assert int((flags / "per_call").read_text()) in tree
 
-    # Sockets: no TCP/UDP anywhere in the tree; listening Unix sockets only in runtime/.
+    # Sockets: no TCP/UDP anywhere in the tree; listening Unix sockets only in the runtime
+    # directories, under the fixed per-user base (never under TMPDIR: every sandbox masks it).
     roots = sorted(base.glob("lemon-exec-*"))
     assert len(roots) == 2, roots  # one per facade (engine)
+    runtime_base = Path(f"/tmp/lemon-exec.{os.getuid()}")
+    st = os.lstat(runtime_base)
+    assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+    assert stat.S_IMODE(st.st_mode) == 0o700
+    runtimes = [runtime_dir_of(root) for root in roots]
     listening: list[str] = []
     for pid in tree:
         assert inet_sockets(pid) == [], (pid, cmdlines[pid])
@@ -213,17 +221,17 @@ def test_a_live_host_is_as_the_security_page_says(
     assert listening, "no kernel socket found"
     for socket_path in listening:
         runtime = Path(socket_path).parent
-        assert runtime.name == "runtime" and runtime.parent in roots, socket_path
+        assert runtime in runtimes, socket_path
         assert stat.S_IMODE(os.lstat(runtime).st_mode) == 0o700, socket_path
     # Five per kernel (the Jupyter channels). The host link listens only until its kernel
     # has connected: then its path is gone and only the connected pair remains.
     assert len(listening) % 5 == 0 and len(listening) >= 10, listening
     assert not [p for p in listening if p.endswith("-host")], listening
-    assert not list(base.glob("lemon-exec-*/runtime/*-host")), "a host link path was left"
+    assert not [p for r in runtimes for p in r.glob("*-host")], "a host link path was left"
 
     # Files: 0700 directories, 0600 files, ours; sockets only in runtime/; one symlink.
     keys: list[bytes] = []
-    for root in roots:
+    for root in [*roots, *runtimes]:
         assert stat.S_IMODE(os.lstat(root).st_mode) == 0o700
         for dirpath, dirnames, filenames in os.walk(root):
             for name in dirnames + filenames:
@@ -236,11 +244,11 @@ def test_a_live_host_is_as_the_security_page_says(
                 elif stat.S_ISREG(st.st_mode):
                     assert mode == 0o600, f"{path}: {oct(mode)}"
                 elif stat.S_ISSOCK(st.st_mode):
-                    assert Path(dirpath).name == "runtime", path
+                    assert root in runtimes, path
                 else:
                     assert stat.S_ISLNK(st.st_mode), path
                     assert path.relative_to(root) == Path("pypath/lemon_exec"), path
-        for connection in (root / "runtime").glob("kernel-*.json"):
+        for connection in root.glob("kernel-*.json"):
             keys.append(json.loads(connection.read_text())["key"].encode())
     assert len(keys) >= 2, roots
     assert list(base.glob("lemon-exec-*/spill/lemon-exec-output-*")), "no spill file"
@@ -261,6 +269,7 @@ def test_a_live_host_is_as_the_security_page_says(
     ]
     for root in base.glob("lemon-exec-*"):
         assert {p.name for p in root.iterdir()} <= {"owner", "spill"}, root
+    assert not [r for r in runtimes if r.exists()], "a runtime directory outlived its host"
 
 
 def _running(pid: int) -> bool:

@@ -68,12 +68,12 @@ def test_root_layout_and_modes(root: StagingRoot, tmp_path: Path) -> None:
     assert root.path.parent == tmp_path
     assert root.path.name.startswith("lemon-exec-")
     assert mode_of(root.path) == 0o700
-    for sub, name in (
-        (root.runtime_dir, "runtime"),
-        (root.spill_dir, "spill"),
-        (root.work_dir, "work"),
-    ):
-        assert sub == root.path / name
+    # Keys and sockets: under the fixed per-user runtime base, named as the root.
+    assert root.runtime_dir == Path(f"/tmp/lemon-exec.{os.getuid()}") / root.path.name
+    assert not (root.path / "runtime").exists()
+    for sub in (root.runtime_dir, root.spill_dir, root.work_dir):
+        if sub != root.runtime_dir:
+            assert sub.parent == root.path
         assert stat.S_ISDIR(os.lstat(sub).st_mode)
         assert mode_of(sub) == 0o700
         assert os.lstat(sub).st_uid == os.getuid()

@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.host import hygiene
 from lemon_exec.host.reaper import SpillReaper
+from lemon_exec.host.runtime_base import runtime_dir_of
 from lemon_exec.host.staging import StagingRoot
 from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.kernel import supervise
@@ -135,16 +137,21 @@ def test_boot_skips_a_live_owner(tmp_path: Path) -> None:
 # -- after a host died -----------------------------------------------------------------------
 
 
-def test_next_start_deletes_recorded_keys_and_nothing_else(tmp_path: Path, dead_pid: int) -> None:
-    root = dead_root(tmp_path, "lemon-exec-dead", dead_pid)
-    key = private_file(root / "runtime" / "kernel-a.json", '{"key": "secret"}')
-    log_file = private_file(root / "runtime" / "kernel-a.log", "log")
-    unrecorded = private_file(root / "runtime" / "kernel-b.json", '{"key": "other"}')
+def test_next_start_deletes_recorded_keys_and_nothing_else(
+    tmp_path: Path, dead_pid: int, reap_dirs: list[Path]
+) -> None:
+    root = dead_root(tmp_path, f"lemon-exec-dead{uuid.uuid4().hex[:8]}", dead_pid)
+    runtime = runtime_dir_of(root)  # keys live under the fixed runtime base
+    runtime.mkdir(mode=0o700)
+    reap_dirs.append(runtime)
+    key = private_file(runtime / "kernel-a.json", '{"key": "secret"}')
+    log_file = private_file(runtime / "kernel-a.log", "log")
+    unrecorded = private_file(runtime / "kernel-b.json", '{"key": "other"}')
     workspace = root / "work" / "run-1"
     workspace.mkdir()
     (workspace / "data.txt").write_text("kept")
     outside = private_file(tmp_path / "kernel-x.json", "not ours to delete")
-    linked = root / "runtime" / "kernel-l.json"
+    linked = runtime / "kernel-l.json"
     linked.symlink_to(outside)
     survivor = subprocess.Popen(["sleep", "1000"], start_new_session=True)
     try:
@@ -156,7 +163,7 @@ def test_next_start_deletes_recorded_keys_and_nothing_else(tmp_path: Path, dead_
                 {"connection_file": str(key)},
                 {"connection_file": str(outside)},  # not in runtime/: never deleted
                 {"connection_file": str(linked)},  # a symlink: never followed
-                {"connection_file": str(root / "runtime" / ".." / "owner")},
+                {"connection_file": str(runtime / ".." / "owner")},
             ],
             "processes": [{"pid": survivor.pid, "start": started}],
         }

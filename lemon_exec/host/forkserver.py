@@ -37,6 +37,7 @@ from typing import Any
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
 from traitlets import Unicode
 
+from lemon_exec.kernel import isolate as isolation
 from lemon_exec.kernel import supervise
 
 log = logging.getLogger(__name__)
@@ -244,6 +245,10 @@ class ForkServer:
         request: dict[str, Any] = {"req": req, "argv": argv, "env": env, "cwd": cwd}
         if isolate is not None:
             request["isolate"] = isolate
+            # What the sandbox keeps from the kernel's environment (secrets) never reaches
+            # the child: it would linger in the memory the script runs in.
+            gone = set(isolation.parse(isolate).unsetenv)
+            request["env"] = {k: v for k, v in env.items() if k not in gone}
         payload = json.dumps(request).encode() + b"\n"
         waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[req] = waiter

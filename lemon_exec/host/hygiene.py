@@ -45,7 +45,8 @@ from lemon_exec.host.private_fs import (
     read_owner_pid,
     read_private_json,
 )
-from lemon_exec.host.tree_removal import Budget, clear_dir
+from lemon_exec.host.runtime_base import runtime_dir_of
+from lemon_exec.host.tree_removal import Budget, clear_dir, remove_tree
 from lemon_exec.kernel import supervise
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,9 @@ def teardown_dead_host(root: Path, host_pid: int) -> bool:
     try:
         budget = Budget(REMOVE_TREE_MAX_ENTRIES)
         cleared = clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
+        runtime = runtime_dir_of(root)
+        if is_own_private_dir(runtime) and read_owner_pid(runtime) == host_pid:
+            cleared = remove_tree(runtime, budget.left) and cleared
         external.sweep_dangling()  # the kernels' links for Jupyter Server now dangle
         return cleared
     except OSError as exc:
@@ -167,7 +171,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
     For every staging root in ``base`` whose index names a host that has ended, every
     recorded process (kernel or template) whose start time still matches is killed with its
     whole process tree, and every connection file the index names is deleted (each a direct,
-    regular file in the root's ``runtime/``; nothing is walked). The root itself is left to
+    regular file in the root's runtime directory; nothing is walked). The root itself is left to
     the staging sweep, which removes it only once it is empty.
     """
     base_path = Path(base) if base is not None else Path(tempfile.gettempdir())
@@ -199,14 +203,15 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
 
 
 def _delete_connection_files(root: Path, paths: list[str]) -> None:
-    """Delete each of ``paths`` that is a regular file of ours directly in ``root/runtime``."""
-    runtime = root / "runtime"
+    """Delete each of ``paths`` that is a regular file of ours directly in ``root``'s runtime
+    directory (:func:`lemon_exec.host.staging.runtime_dir_of`)."""
+    runtime = runtime_dir_of(root)
     names = {Path(p).name for p in paths if Path(p).parent == runtime}
     names = {n for n in names if n.startswith("kernel-") and n.endswith(".json")}
     if not names:
         return
     try:
-        fd = os.open(runtime, DIR_FLAGS)  # O_NOFOLLOW: never a symlinked runtime/
+        fd = os.open(runtime, DIR_FLAGS)  # O_NOFOLLOW: never a symlinked runtime directory
     except OSError:
         return
     try:

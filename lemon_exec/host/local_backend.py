@@ -160,6 +160,9 @@ class LocalBackend:
         if not self._use_fork_server:
             return None
         env = {**os.environ, **kernel_env}
+        if self._sandbox is not None:  # every kernel forked from it would inherit them
+            hidden = set(sandboxes.hidden_env(self._sandbox, env))
+            env = {k: v for k, v in env.items() if k not in hidden}
         server = self._forkservers.get(interpreter)
         if server is not None and self._forkserver_env.get(interpreter) != _startup_env(env):
             # A forked kernel gets the current environment, but what the interpreter read at

@@ -5,9 +5,12 @@ python -m lemon_exec.kernel -f FILE`` (see :func:`kernel_argv_prefix`). Inside i
 
 - the whole filesystem read-only, with a private ``/tmp`` (and ``$TMPDIR``), its working
   directory writable (``sandbox_cwd = "rw"``) or read-only, a fresh ``/dev`` and ``/proc``;
-- nothing of ``sandbox_hidden`` (credential stores: an empty directory or file in their
-  place) and nothing of the host's staging root but its own runtime directory (its sockets
-  and connection file) and the read-only directory that puts ``lemon_exec`` on its path;
+- nothing of ``sandbox_hidden`` (credential stores and, by default, ``~``: an empty
+  directory or file in their place; the cwd, the interpreter and ``sandbox_visible`` are
+  bound back), nothing of the runtime base (:mod:`lemon_exec.host.runtime_base`: every
+  host's keys and sockets, those made later included) but its own kernel's directory, and
+  of its staging root only the read-only directory that puts ``lemon_exec`` on its path;
+- no environment variable ``sandbox_env_hidden`` matches (tokens, keys, passwords);
 - its own PID namespace (host processes cannot be seen or signalled; when the kernel ends,
   the namespace and every daemon in it end), its own IPC namespace, and, unless
   ``sandbox_network``, its own network namespace with only a loopback of its own;
@@ -23,16 +26,20 @@ exec) and the kernel, told by :data:`SANDBOX_ENV`, restores its own handler.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import os
 import shutil
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.errors import RefusedError
+from lemon_exec.host import runtime_base
+from lemon_exec.kernel import protocol
 from lemon_exec.kernel.supervise import SANDBOX_ENV
 
 if TYPE_CHECKING:
@@ -58,6 +65,11 @@ class SandboxSpec:
     cwd_writable: bool = True
     hidden: tuple[str, ...] = ()
     network: bool = False
+    #: Paths inside hidden ones seen again (read-only).
+    visible: tuple[str, ...] = ()
+    #: Environment variable name patterns the kernel does not get, and exceptions to them.
+    env_hidden: tuple[str, ...] = ()
+    env_allowed: tuple[str, ...] = ()
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +83,9 @@ def spec_from_config(config: ExecuteCodeConfig) -> SandboxSpec:
         cwd_writable=config.sandbox_cwd != "ro",
         hidden=tuple(config.sandbox_hidden),
         network=config.sandbox_network,
+        visible=tuple(config.sandbox_visible),
+        env_hidden=tuple(config.sandbox_env_hidden),
+        env_allowed=tuple(config.sandbox_env_allowed),
     )
 
 
@@ -123,6 +138,7 @@ def kernel_argv_prefix(
     staging_root: Path,
     pypath: Path,
     runtime: tuple[Path, ...] = (),
+    environ: Mapping[str, str] | None = None,
 ) -> list[str]:
     """The argv that runs a kernel's ``python -m lemon_exec.kernel ...`` inside the sandbox.
 
@@ -130,7 +146,10 @@ def kernel_argv_prefix(
     ``pypath`` the staging root's ``lemon_exec`` path directory (bound read-only);
     ``runtime`` what the kernel needs to run at all (its interpreter's environment, the
     ``lemon_exec`` package): bound read-only again where the private ``/tmp`` or
-    ``$TMPDIR`` would hide them (a checkout and venv under ``/tmp``, as CI clones often are).
+    ``$TMPDIR``, or a hidden path (``~``), would hide them (a checkout and venv under
+    ``/tmp``, as CI clones often are; pyenv under ``~``). ``environ`` (default:
+    ``os.environ``) is the environment the kernel will be started with: the variables
+    ``spec.env_hidden`` matches are removed from it inside.
     """
     cwd = Path(os.path.realpath(cwd))
     if cwd == Path("/") and spec.cwd_writable:
@@ -140,40 +159,64 @@ def kernel_argv_prefix(
             'a project directory (or a scope with its cwd), or set sandbox_cwd = "ro"; '
             "nothing ran"
         )
+    base = runtime_base.base_path()
+    if _under(cwd, base) and not _under(cwd, kernel_dir):
+        raise RefusedError(
+            f'execute_code: sandbox = "bwrap" with the working directory {cwd}, inside '
+            f"{base}, where every host keeps its kernels' keys and sockets; run from a "
+            "project directory (or a scope with its cwd); nothing ran"
+        )
     # /tmp and $TMPDIR (where staging roots live) are private: every host's root is hidden.
     masks = [Path("/tmp")]
     for private in (Path(os.environ.get("TMPDIR") or "/tmp"), staging_root.parent):
         private = Path(os.path.realpath(private))
         if private.is_dir() and not any(_under(private, m) for m in masks):
             masks.append(private)
+    hidden = _hidden_paths(spec.hidden)
+    # What must stay visible: the cwd, and what the kernel needs or the config names.
+    back = [Path(os.path.realpath(p)) for p in (*runtime, *_expanded(spec.visible))]
+    back = [p for p in _distinct(back) if p.exists() and not _under(p, cwd)]
+    # Hidden directories that contain something visible (~ holding the cwd, pyenv or
+    # ~/.local/lib) are hidden before it is bound; the others after everything.
+    first = [
+        h
+        for h in hidden
+        if h.is_dir() and any(_under(v, h) for v in (cwd, *back))
+    ]
+    later = [h for h in hidden if h not in first]
+    early = masks + sorted(first, key=lambda p: len(p.parts))
     bind_cwd = [] if cwd == Path("/") else ["--bind" if spec.cwd_writable else "--ro-bind"]
     bind_cwd += [str(cwd), str(cwd)] if bind_cwd else []
-    inside_mask = any(_under(cwd, m) for m in masks)
+    inside_mask = any(_under(cwd, m) for m in early)
     args = ["--ro-bind", "/", "/"]
     # A cwd that contains the special mounts is bound first, so that they cover it; one
     # inside a mask is bound after the mask, and what the cwd then uncovers is masked again.
     args += [] if inside_mask else bind_cwd
     args += ["--dev", "/dev", "--proc", "/proc"]
-    for mask in masks:
+    for mask in early:
         args += ["--tmpfs", str(mask)]
-    for needed in sorted({Path(os.path.realpath(p)) for p in runtime}):
-        if needed.exists() and any(_under(needed, m) for m in masks):
-            args += ["--ro-bind", str(needed), str(needed)]
+    rebound = sorted(
+        (p for p in back if any(_under(p, m) for m in early)), key=lambda p: len(p.parts)
+    )
+    for needed in rebound:
+        args += ["--ro-bind", str(needed), str(needed)]
     if inside_mask:
         args += bind_cwd
-        for mask in masks:
+        for mask in early:
             if mask != cwd and _under(mask, cwd):
                 args += ["--tmpfs", str(mask)]
         if _under(staging_root.parent, cwd):  # the cwd is $TMPDIR or above: other roots
             for root in _other_roots(staging_root):
                 args += ["--tmpfs", str(root)]
     # Hidden after the cwd, so that a cwd containing them (e.g. HOME) never uncovers them.
-    args += ["--tmpfs", str(staging_root)]
-    for hidden in _hidden_paths(spec.hidden):
-        if hidden.is_dir():
-            args += ["--tmpfs", str(hidden)]
+    # The runtime base holds every host's keys and sockets, those made later included: one
+    # mount over its fixed path hides them all, whatever the cwd (runtime_base.py).
+    args += ["--tmpfs", str(base), "--tmpfs", str(staging_root)]
+    for hidden_path in later:
+        if hidden_path.is_dir():
+            args += ["--tmpfs", str(hidden_path)]
         else:
-            args += ["--ro-bind", "/dev/null", str(hidden)]
+            args += ["--ro-bind", "/dev/null", str(hidden_path)]
     args += ["--bind", str(kernel_dir), str(kernel_dir)]
     args += ["--ro-bind", str(pypath), str(pypath)]
     args += ["--chdir", str(cwd)]
@@ -182,8 +225,32 @@ def kernel_argv_prefix(
         args += ["--unshare-net"]
     # jupyter_client names the host here; its PID means nothing in the new namespace.
     args += ["--unsetenv", "JPY_PARENT_PID", "--setenv", SANDBOX_ENV, "1"]
+    for name in hidden_env(spec, os.environ if environ is None else environ):
+        args += ["--unsetenv", name]
     # Ignore SIGINT across exec (see the module docstring); "$@" is bwrap and its args.
     return [*_LAUNCHER, bwrap, *args, "--"]
+
+
+#: What the kernel itself needs from its environment: never removed.
+_KERNEL_ENV = frozenset(
+    {SANDBOX_ENV, protocol.HOST_LINK_ENV, protocol.MANAGED_ENV, protocol.ACK_TIMEOUT_ENV}
+)
+
+
+def hidden_env(spec: SandboxSpec, environ: Mapping[str, str]) -> list[str]:
+    """The names in ``environ`` a kernel under ``spec`` does not get (sorted)."""
+
+    def matches(name: str, patterns: tuple[str, ...]) -> bool:
+        upper = name.upper()
+        return any(fnmatch.fnmatchcase(upper, p.upper()) for p in patterns)
+
+    return sorted(
+        name
+        for name in environ
+        if name not in _KERNEL_ENV
+        and matches(name, spec.env_hidden)
+        and not matches(name, spec.env_allowed)
+    )
 
 
 def template_argv_prefix(spec: SandboxSpec, *, bwrap: str) -> list[str]:
@@ -263,14 +330,18 @@ def _other_roots(staging_root: Path) -> list[Path]:
 
 
 def _hidden_paths(paths: tuple[str, ...]) -> list[Path]:
-    """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates."""
-    found: list[Path] = []
-    for raw in paths:
-        path = Path(os.path.expanduser(raw))
-        if not path.is_absolute() or not os.path.lexists(path):
-            continue
-        found.append(Path(os.path.realpath(path)))
-    return _distinct(found)
+    """The existing paths among ``paths`` (``~`` expanded), links resolved, no duplicates.
+
+    ``/`` is never one (a ``HOME`` of ``/``, as in some containers, hides nothing).
+    """
+    found = [Path(os.path.realpath(p)) for p in _expanded(paths) if os.path.lexists(p)]
+    return _distinct([p for p in found if p != Path("/")])
+
+
+def _expanded(paths: tuple[str, ...]) -> list[Path]:
+    """``paths`` with ``~`` expanded; relative ones (meaningless here) left out."""
+    expanded = [Path(os.path.expanduser(raw)) for raw in paths]
+    return [p for p in expanded if p.is_absolute()]
 
 
 def _distinct(paths: list[Path]) -> list[Path]:

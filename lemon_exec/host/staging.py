@@ -5,9 +5,12 @@ Layout (every directory 0700, every file 0600, all owned by this user)::
     <base>/lemon-exec-<random>/     the root, one per host process
         owner                       JSON {"pid", "created", "version"}: lets later
                                     processes tell a dead owner's root from a live one
-        runtime/                    kernel connection files
         spill/                      output spill files (lemon-exec-output-*)
         work/                       per-run workspaces
+
+Its kernels' connection files and sockets are not here but in its runtime directory, of the
+same name, under the fixed per-user runtime base (:mod:`lemon_exec.host.runtime_base`):
+``/tmp/lemon-exec.<uid>/lemon-exec-<random>/``, where every sandbox view masks them.
 
 Anything that is not exactly as expected fails closed with ``RefusedError``. Removal is
 always bounded (a script can create millions of files) and never follows symlinks (a script
@@ -44,6 +47,7 @@ from lemon_exec.host.private_fs import (
     write_owner_marker,
     write_private_file,
 )
+from lemon_exec.host.runtime_base import runtime_base, runtime_dir_of, sweep_stale_runtime_dirs
 from lemon_exec.host.stale_roots import sweep_stale_roots
 from lemon_exec.host.tree_removal import Budget, clear_dir, remove_tree
 
@@ -52,6 +56,7 @@ __all__ = [
     "SPILL_MAX_AGE_S",
     "StagingRoot",
     "check_socket_room",
+    "runtime_dir_of",
     "staging_base",
 ]
 
@@ -105,7 +110,9 @@ def _check_base(path: Path, name: str) -> Path:
 
 
 # A Unix socket path holds at most 107 bytes (sun_path is 108 with its NUL). The longest one
-# a local kernel binds is <base>/lemon-exec-XXXXXXXX/runtime/k-<16 hex>-ipc-host.
+# a local kernel binds is /tmp/lemon-exec.<uid>/lemon-exec-XXXXXXXX/k-<16 hex>-ipc-host (74
+# bytes at most): the runtime base does not depend on TMPDIR. The TMPDIR bound below is kept
+# (the staging root's own paths are bounded by it), as long as it was when sockets lay there.
 _SUN_PATH_MAX = 107
 _LONGEST_SOCKET_SUFFIX = len("/lemon-exec-XXXXXXXX/runtime/k-0123456789abcdef-ipc-host")
 MAX_SOCKET_BASE_BYTES = _SUN_PATH_MAX - _LONGEST_SOCKET_SUFFIX
@@ -155,22 +162,33 @@ class StagingRoot:
         except OSError as exc:
             raise refused(f"cannot create a directory in {base_path}: {exc}") from None
         root = cls(path)
+        made_runtime = False
         try:
             check_private_dir(path)
             write_owner_marker(path)
-            for sub in (root.runtime_dir, root.spill_dir, root.work_dir):
+            for sub in (root.spill_dir, root.work_dir):
                 try:
                     os.mkdir(sub, 0o700)  # umask can only clear bits; validated below
                 except OSError as exc:
                     raise refused(f"cannot create {sub}: {exc}") from None
                 check_private_dir(sub)
+            # Keys and sockets: under the fixed runtime base, never under ``base``.
+            sweep_stale_runtime_dirs(runtime_base())
+            try:
+                os.mkdir(root.runtime_dir, 0o700)
+            except OSError as exc:
+                raise refused(f"cannot create {root.runtime_dir}: {exc}") from None
+            made_runtime = True
+            check_private_dir(root.runtime_dir)
+            write_owner_marker(root.runtime_dir)
         except BaseException:
             # Clean up only what is still verifiably ours; otherwise at most an empty rmdir.
-            if is_own_private_dir(path):
-                remove_tree(path)
-            else:
-                with contextlib.suppress(OSError):
-                    os.rmdir(path)
+            for made in (path, root.runtime_dir) if made_runtime else (path,):
+                if is_own_private_dir(made):
+                    remove_tree(made)
+                else:
+                    with contextlib.suppress(OSError):
+                        os.rmdir(made)
             raise
         return root
 
@@ -181,8 +199,8 @@ class StagingRoot:
 
     @property
     def runtime_dir(self) -> Path:
-        """Where kernel connection files go."""
-        return self._path / "runtime"
+        """Where kernel connection files and sockets go (under the runtime base)."""
+        return runtime_dir_of(self._path)
 
     @property
     def spill_dir(self) -> Path:
@@ -207,15 +225,17 @@ class StagingRoot:
         """
         if self._closed:
             raise refused(f"{self._path} is closed")
+        runtime_base()
         for directory in (self._path, self.runtime_dir, self.spill_dir, self.work_dir):
             ensure_private_dir(directory)
-        marker = self._path / OWNER_MARKER
-        try:
-            os.lstat(marker)
-        except FileNotFoundError:
-            write_owner_marker(self._path)
-        except OSError as exc:
-            raise refused(f"cannot inspect {marker}: {exc.strerror or exc}") from None
+        for owned in (self._path, self.runtime_dir):
+            marker = owned / OWNER_MARKER
+            try:
+                os.lstat(marker)
+            except FileNotFoundError:
+                write_owner_marker(owned)
+            except OSError as exc:
+                raise refused(f"cannot inspect {marker}: {exc.strerror or exc}") from None
 
     def new_workspace(self) -> Path:
         """Create and validate a fresh, empty 0700 directory for one run."""
@@ -244,6 +264,8 @@ class StagingRoot:
         if self._closed:
             return
         self._closed = True
+        if is_own_private_dir(self.runtime_dir):
+            remove_tree(self.runtime_dir, REMOVE_TREE_MAX_ENTRIES)
         if not _remove_root(self._path):
             logger.info(
                 "execute_code: keeping %s for its spill files (or it was too large to remove "

@@ -17,6 +17,8 @@ import dataclasses
 import enum
 import inspect
 import logging
+import os
+import pathlib
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -27,6 +29,7 @@ from lemon_exec.errors import ToolDenied, ToolFailure
 
 from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
 from ._mcp_source import McpSource, tool_specs
+from ._paths import resolve
 from ._registry import ToolRegistry, _not_connected
 from ._types import ToolCall, ToolSpec
 from ._validate import validate_params
@@ -246,6 +249,10 @@ class ToolHost:
         params = validate_params(spec, call.params)
         if spec.mcp is not None:  # hooks see (server, tool, params) as the server names them
             call = dataclasses.replace(call, server=spec.mcp.server, server_tool=spec.mcp.tool)
+        raw_path = params.get(spec.path_param) if spec.path_param else None
+        if isinstance(raw_path, str):  # hooks see where a link leads, the tool opens that
+            resolved = os.path.realpath(resolve(raw_path, call.cwd))
+            call = dataclasses.replace(call, resolved_path=pathlib.Path(resolved))
         await self._check_policy(call)
         if self._needs_approval(call):
             await self._ask_approval(call)

@@ -37,6 +37,7 @@ def spec() -> ToolSpec:
         param_types={"path": str, "offset": int, "limit": int},
         defaults={"offset": None, "limit": None},
         inline=is_small_file,
+        path_param="path",
     )
 
 
@@ -60,7 +61,8 @@ def read(params: dict[str, Any], call: ToolCall) -> str:
     if limit < 1:
         raise ToolFailure(f"read: limit must be >= 1, got {limit}")
 
-    path = resolve(raw, call.cwd)
+    # The path the policy and approval hooks saw (links resolved), when the host set it.
+    path = call.resolved_path or resolve(raw, call.cwd)
     st = stat_or_fail("read", raw, path)
     if stat.S_ISDIR(st.st_mode):
         raise ToolFailure(f"read: {name_for(raw, path)} is a directory; use ls({raw!r}) to list it")

@@ -29,6 +29,11 @@ class ToolCall:
             (``tool`` is the identifier-safe ``"<server>.<tool>"``).
         notify: where a tool sends progress lines for the script's notify() stream (the
             bridge sets it; the notify caps apply). ``None``: progress is dropped.
+        resolved_path: for a tool whose spec names a ``path_param`` (``read``): that
+            parameter made absolute against ``cwd`` with ``~`` expanded and every symlink
+            resolved (``os.path.realpath``), set by the host before the policy and approval
+            hooks see the call; the tool then opens exactly this path, so a link swapped
+            after the check changes nothing. ``None`` for other tools.
     """
 
     tool: str
@@ -39,6 +44,7 @@ class ToolCall:
     server: str | None = None
     server_tool: str | None = None
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    resolved_path: pathlib.Path | None = None
 
     def __post_init__(self) -> None:
         # Accept a str cwd from callers; tools rely on it being a Path.
@@ -88,6 +94,8 @@ class ToolSpec:
             structured results).
         mcp: set for a tool of an MCP server (``registry.add_mcp_server``): the host calls
             the server instead of ``func``.
+        path_param: the parameter naming a file the tool opens (``read``: ``"path"``); the
+            host resolves it for the hooks (see ``ToolCall.resolved_path``).
     """
 
     name: str
@@ -102,6 +110,7 @@ class ToolSpec:
     isolated: bool = False
     result: str = "text"
     mcp: McpToolInfo | None = None
+    path_param: str | None = None
 
 
 @dataclass(frozen=True)

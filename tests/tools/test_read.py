@@ -137,3 +137,66 @@ def test_wrong_types_are_rejected_by_the_host(invoke: Invoke) -> None:
         ToolFailure, match=r"read\(\) missing 1 required positional argument: 'path'"
     ):
         invoke("read")
+
+
+# -- a symlink: the policy hook sees where it leads, and the tool reads exactly that ----------
+
+
+def test_policy_sees_a_symlinks_target_and_read_opens_it(tmp_path: pathlib.Path) -> None:
+    import asyncio
+
+    from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, default_registry
+
+    secrets = tmp_path / "home" / ".ssh"
+    secrets.mkdir(parents=True)
+    (secrets / "id_rsa").write_text("KEY\n")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("notes\n")
+    (work / "innocent.txt").symlink_to(secrets / "id_rsa")
+    (work / "dir-link").symlink_to(secrets)
+    seen: list[tuple[str, pathlib.Path | None]] = []
+
+    def policy(call: ToolCall) -> PolicyDecision:
+        seen.append((call.params["path"], call.resolved_path))
+        if call.resolved_path is not None and secrets in call.resolved_path.parents:
+            return PolicyDecision.deny("no keys")
+        return PolicyDecision.allow()
+
+    host = ToolHost(default_registry(), policy=policy)
+
+    def read(path: str) -> str:
+        call = ToolCall(tool="read", params={"path": path}, cwd=work, call_id=1)
+        return asyncio.run(host.invoke(call))
+
+    assert read("notes.txt") == "notes\n"
+    for name in ("innocent.txt", "dir-link/id_rsa", str(work / "innocent.txt")):
+        with pytest.raises(ToolFailure, match="denied by policy: no keys"):
+            read(name)
+    # The name as the script gave it, and the resolved target, side by side.
+    assert seen[0] == ("notes.txt", work / "notes.txt")
+    assert seen[1] == ("innocent.txt", secrets / "id_rsa")
+    assert seen[2] == ("dir-link/id_rsa", secrets / "id_rsa")
+
+
+def test_read_opens_the_path_the_hooks_approved(tmp_path: pathlib.Path) -> None:
+    """A link swapped between the check and the open changes nothing: read opens the
+    resolved path the hooks saw, never the name again."""
+    import asyncio
+
+    from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, default_registry
+
+    (tmp_path / "allowed.txt").write_text("allowed\n")
+    (tmp_path / "secret.txt").write_text("secret\n")
+    link = tmp_path / "link.txt"
+    link.symlink_to(tmp_path / "allowed.txt")
+
+    def policy(call: ToolCall) -> PolicyDecision:
+        assert call.resolved_path == tmp_path / "allowed.txt"
+        link.unlink()  # the script swaps the link once the check has passed
+        link.symlink_to(tmp_path / "secret.txt")
+        return PolicyDecision.allow()
+
+    host = ToolHost(default_registry(), policy=policy)
+    call = ToolCall(tool="read", params={"path": "link.txt"}, cwd=tmp_path, call_id=1)
+    assert asyncio.run(host.invoke(call)) == "allowed\n"
