@@ -38,6 +38,7 @@ from lemon_exec.host.engine import Engine
 from lemon_exec.host.results import cell_untrusted
 from lemon_exec.host.session_owners import OwnerBindings
 from lemon_exec.host.session_queue import QueueLeft, Ticket
+from lemon_exec.host.start_race import StartLeft, start_within
 from lemon_exec.kernel import protocol
 from lemon_exec.scope import AbortSignal, SessionScope
 
@@ -268,10 +269,21 @@ class SessionRegistry:
             self._discard(entry, "crashed")
         await self._admit(entry, deadline, abort)
         entry.phase = "starting"  # no await since _admit's check: the slot is ours
+        engine = self._engine
         try:
-            entry.kernel = await self._engine.start_kernel(
-                entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
+            # The start counts against the call's deadline and abort (start_race).
+            entry.kernel = await start_within(
+                engine.start_kernel(
+                    entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
+                ),
+                deadline,
+                abort,
+                spawn=engine.spawn,
+                discard=self._discard_late,
             )
+        except StartLeft as left:
+            entry.phase = "empty"
+            raise QueueLeft(left.why, "start") from None
         except LemonExecError as exc:
             entry.phase = "empty"
             raise Fallback("startup_failed") from exc
@@ -282,6 +294,10 @@ class SessionRegistry:
         self._set_phase(entry, "idle")
         entry.cells_run = 0
         entry.lost_reason = None
+
+    async def _discard_late(self, kernel: KernelHandle) -> None:
+        """Stop a kernel whose start ended after its call left; it counts until gone."""
+        await self._retire(kernel, "discarded", 0)
 
     def _set_phase(self, entry: SessionKernel, phase: str) -> None:
         entry.phase = phase
