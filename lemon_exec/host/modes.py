@@ -315,9 +315,9 @@ class Modes:
         if scope is None or not scope.complete:
             reason = "missing_session_scope"
         else:
-            if owner_id is None:
-                owner_id = self._default_owner(scope).owner_id
             key = SessionKey.build(scope, call.cwd, call.interpreter, self.config.enabled_helpers)
+            if owner_id is None:
+                owner_id = self._default_owner(scope, key).owner_id
             session_call = replace(call, cwd=Path(key.cwd))
 
             def request_for(filename: str) -> cells.CellRequest:
@@ -364,12 +364,18 @@ class Modes:
             replace(call, details=fallback), notes=[fallback_note(reason)]
         )
 
-    def _default_owner(self, scope: SessionScope) -> SessionOwner:
-        """The modes' own owner for ``scope`` (``run(scope=...)`` without ``attach``)."""
-        owner = self._default_owners.get(scope)
+    def _default_owner(self, scope: SessionScope, key: SessionKey) -> SessionOwner:
+        """The modes' own owner for ``scope`` (``run(scope=...)`` without ``attach``).
+
+        Keyed by the canonical directory (the session key's), so ``/d``, ``/d/``, ``./d``, a
+        symlink to it and ``/d/x/..`` are one owner: otherwise each spelling would co-own
+        the one kernel, and a reset through one would fork instead of resetting it.
+        """
+        canonical = SessionScope(scope.session_id, scope.agent_id, key.cwd)
+        owner = self._default_owners.get(canonical)
         if owner is None or owner.closed:
-            owner = self.attach(scope)
-            self._default_owners[scope] = owner
+            owner = self.attach(canonical)
+            self._default_owners[canonical] = owner
         return owner
 
     # -- cells ---------------------------------------------------------------------------------
