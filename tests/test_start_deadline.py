@@ -20,6 +20,7 @@ from conftest import kernel_pids
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec.host import forkserver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -144,3 +145,30 @@ def test_an_asyncio_abort_during_start_and_the_next_call_starts_afresh(tmp_path:
             assert not marker.exists()
 
     asyncio.run(body())
+
+
+def test_the_deadline_ends_a_start_forked_from_a_ready_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A forked kernel that is slow to become ready: an IPython startup file that sleeps
+    (every kernel runs them, forked ones included; the template does not)."""
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-slow.py").write_text(f"import time\ntime.sleep({SLOW_START_S})\n")
+    monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    marker = tmp_path / "ran"
+    with ExecuteCode(enabled_config(fork_server=True)) as ec:
+        first = ec.run_sync("print('up')", timeout_ms=60_000)  # starts the template
+        assert first.content == "up\n", first.content
+        deadline = time.monotonic() + 30
+        while not any(s.ready for s in forkserver.servers()):
+            assert time.monotonic() < deadline, "the fork-server template never got ready"
+            time.sleep(0.05)
+        started = time.monotonic()
+        result = ec.run_sync(marker_script(marker), timeout_ms=TIMEOUT_MS)
+        took = time.monotonic() - started
+        assert took < TIMEOUT_MS / 1000 + SLACK_S, (took, result.content)
+        assert result.details["left_during"] == "kernel_start", result.content
+        time.sleep(max(0.0, started + SLOW_START_S + 2.0 - time.monotonic()))
+        assert not marker.exists(), "the script ran after its deadline"
+        wait_no_kernels(ec)
