@@ -79,8 +79,8 @@ def test_the_deadline_ends_the_call_during_kernel_start(tmp_path: Path, case: st
         took = time.monotonic() - started
         assert took < TIMEOUT_MS / 1000 + SLACK_S, (took, result.content)
         assert result.content.startswith(
-            f"Script timed out after {TIMEOUT_MS}ms while its kernel was starting; "
-            "it never started."
+            f"Script timed out after {TIMEOUT_MS}ms. Its kernel was still starting, so the "
+            "script never started.\n\nNothing of it ran"
         ), result.content
         details = result.details
         assert details["timed_out"] is True
@@ -112,7 +112,7 @@ def test_an_abort_during_kernel_start_ends_the_call_at_once(tmp_path: Path, case
         took = time.monotonic() - started
         assert took < 0.5 + SLACK_S, (took, result.content)
         assert result.content.startswith(
-            "Script cancelled while its kernel was starting; it never started."
+            "Script cancelled. Its kernel was still starting, so the script never started."
         ), result.content
         assert result.details["cancelled"] is True
         assert result.details["never_started"] is True

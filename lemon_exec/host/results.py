@@ -222,7 +222,6 @@ def refusal(message: str, details: Mapping[str, Any]) -> ExecuteCodeResult:
 _WAITING = {
     "queue": "waiting in the session queue",
     "capacity": "waiting for a session kernel slot (max_live_kernels)",
-    "start": "its kernel was starting",
 }
 _START_ADVICE = {
     "timeout": (
@@ -250,11 +249,14 @@ def left_queue(
     (waiting for a kernel slot under max_live_kernels) or ``start`` (its kernel was still
     starting: the start is stopped; ``session`` false for a per-call run).
     """
-    waiting = _WAITING[where]
-    if why == "timeout":
-        head = f"Script timed out after {timeout_ms}ms while {waiting}; it never started."
+    if where == "start":  # the spec's own headline first, then where the time went
+        timed_out = f"Script timed out after {timeout_ms}ms."
+        spec_head = timed_out if why == "timeout" else "Script cancelled."
+        head = f"{spec_head} Its kernel was still starting, so the script never started."
+    elif why == "timeout":
+        head = f"Script timed out after {timeout_ms}ms while {_WAITING[where]}; it never started."
     else:
-        head = f"Script cancelled while {waiting}; it never started."
+        head = f"Script cancelled while {_WAITING[where]}; it never started."
     if where == "queue":
         content = (
             f"{head}\n\nNothing of it ran. The session's state from earlier calls is unchanged."

@@ -47,11 +47,11 @@ def test_a_slow_gateway_start_is_cut_by_the_deadline_or_abort(
     assert took < bound, (took, content)
     if how == "deadline":
         assert content.startswith(
-            f"Script timed out after {TIMEOUT_MS}ms while its kernel was starting"
+            f"Script timed out after {TIMEOUT_MS}ms. Its kernel was still starting"
         ), content
         assert details["timed_out"] is True
     else:
-        assert content.startswith("Script cancelled while its kernel was starting"), content
+        assert content.startswith("Script cancelled. Its kernel was still starting"), content
         assert details["cancelled"] is True
     assert details["left_during"] == "kernel_start"
     assert not marker.exists(), "the script ran after the call ended"
