@@ -454,6 +454,7 @@ def test_text_layout_and_stdout_layout(ec: ExecuteCode, scope: SessionScope) -> 
 
 def test_text_blocks_survive_a_timeout(ec: ExecuteCode, scope: SessionScope) -> None:
     script = "text('before')\ntext('also')\nprint('tail')\nimport time\ntime.sleep(60)\n"
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
     started = time.monotonic()
     result = run(ec, scope, script, timeout_ms=1500)
     assert time.monotonic() - started < 6
@@ -466,6 +467,7 @@ def test_text_blocks_survive_a_timeout(ec: ExecuteCode, scope: SessionScope) -> 
 
 
 def test_in_flight_call_cancelled_on_timeout(ec: ExecuteCode, scope: SessionScope) -> None:
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
     started = time.monotonic()
     result = run(ec, scope, "text('waiting')\nls('@sleep=30;tag=stuck')\n", timeout_ms=1500)
     assert time.monotonic() - started < 6
@@ -902,6 +904,7 @@ def test_each_approval_outcome(
 
 def test_approval_withdrawn_when_the_cell_times_out(ec: ExecuteCode, scope: SessionScope) -> None:
     box: dict[str, Any] = {}
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
 
     def call() -> None:
         box["result"] = run(ec, scope, "ls('@approve-block;tag=late')\n", timeout_ms=1500)

@@ -191,6 +191,7 @@ def test_a_pending_stop_frees_the_slot_without_evicting_more(
         try:
             with KernelSampler(lambda: session_kernels(host=os.getpid())) as sampler:
                 await capped.run("kept = 'b'", scope=b)
+                assert (await capped.run("pass", scope=a)).ok  # up: 1 s must not go on its start
                 await capped.run(STUBBORN, scope=a, timeout_ms=1000)  # A is now stopping
                 assert capped.snapshot()["phases"]["stopping"] == 1
                 await capped.run("print(1)", scope=c)  # waits for A's slot, evicts nobody
