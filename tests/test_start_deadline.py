@@ -139,6 +139,12 @@ def test_an_asyncio_abort_during_start_and_the_next_call_starts_afresh(tmp_path:
             left = await ec.run(marker_script(marker), scope=scope, abort=abort)
             assert time.monotonic() - started < 0.3 + SLACK_S
             assert left.details["cancelled"] is True, left.content
+            # The abandoned start counts against max_live_kernels until its process is gone.
+            assert ec.snapshot()["phases"]["stopping"] == 1
+            while ec.snapshot()["phases"]["stopping"]:
+                assert time.monotonic() - started < 10, "the abandoned start never settled"
+                await asyncio.sleep(0.02)
+            assert not kernel_pids()
             ok = await ec.run("x = 41\nprint(x + 1)", scope=scope, timeout_ms=60_000)
             assert ok.content.strip() == "42", ok.content
             assert ok.details["state_retained"] is True
