@@ -68,7 +68,8 @@ class Details(TypedDict, total=False):
     kernel_id: str  # the session kernel's public id (an HMAC, not the real id)
     kernel_source: str  # per-call: "spare" (started ahead) or "cold"
     kernel_lost_reason: str  # why the session's previous kernel (and its state) is gone
-    never_started: bool  # the call left the queue (or lost its owner) before it ran
+    never_started: bool  # the call left the queue or its kernel's start (or lost its owner) first
+    left_during: str  # "kernel_start": the deadline or abort came while its kernel started
     session_tainted: bool  # the session's state holds untrusted (fetched) data
     fallback_reason: str  # session mode ran this call isolated per-call, and why
     queue_wait_ms: int  # time spent waiting for a kernel slot or the session queue

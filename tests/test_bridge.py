@@ -454,6 +454,7 @@ def test_text_layout_and_stdout_layout(ec: ExecuteCode, scope: SessionScope) -> 
 
 def test_text_blocks_survive_a_timeout(ec: ExecuteCode, scope: SessionScope) -> None:
     script = "text('before')\ntext('also')\nprint('tail')\nimport time\ntime.sleep(60)\n"
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
     started = time.monotonic()
     result = run(ec, scope, script, timeout_ms=1500)
     assert time.monotonic() - started < 6
@@ -466,6 +467,7 @@ def test_text_blocks_survive_a_timeout(ec: ExecuteCode, scope: SessionScope) -> 
 
 
 def test_in_flight_call_cancelled_on_timeout(ec: ExecuteCode, scope: SessionScope) -> None:
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
     started = time.monotonic()
     result = run(ec, scope, "text('waiting')\nls('@sleep=30;tag=stuck')\n", timeout_ms=1500)
     assert time.monotonic() - started < 6
@@ -720,6 +722,63 @@ print(json.dumps({k: v['error'] for k, v in out.items()}))
     assert result.details["rpc_calls"] == 0
 
 
+def test_malformed_frames_are_consumed_not_forwarded_or_counted(
+    ec: ExecuteCode, scope: SessionScope
+) -> None:
+    """Every field of every frame kind is checked by type and range (issue 26.6)."""
+    updates: list[str] = []
+    script = (
+        FORGE_PRELUDE
+        + """
+tok = b._token
+def notify_frame(n, msg='forged', **extra):
+    return {'type': 'notify', 'n': n, 'token': tok, 'msg': msg, **extra}
+for frame in [
+    notify_frame('1', 'string n'),
+    notify_frame(True, 'bool n'),
+    notify_frame(1.0, 'float n'),
+    notify_frame(0, 'zero n'),
+    notify_frame(65, 'n past the 64 a cell sends'),
+    notify_frame(None, 'null n'),
+    {'type': 'notify', 'token': tok, 'msg': 'no n'},
+    notify_frame(3, 'extra field', x=1),
+    notify_frame(4, None),
+    notify_frame(5, ['not', 'a', 'string']),
+    {'type': 'text', 'n': 1, 'token': tok, 'text': 'evil', 'more': 1},
+    {'type': 'text', 'n': True, 'token': tok, 'text': 'evil'},
+    {'type': 'text', 'n': 1, 'token': tok, 'text': 'evil', 'x': 1},
+    {'type': 'text', 'n': 2**70, 'token': tok, 'text': 'evil'},
+]:
+    b._send(frame, size_checked=True)
+notify('real')
+b._send(notify_frame(1, 'replayed number'), size_checked=True)
+text('good')
+out = {}
+out['extra'] = forge({**call_frame(1001), 'x': 1})['error']
+out['huge_id'] = forge(call_frame(2**70))['error']
+out['bool_params'] = forge(call_frame(1002, params=True))['error']
+print(json.dumps(out))
+"""
+    )
+    result = run(ec, scope, script, on_update=updates.append)
+    assert result.details["exit_code"] == 0, result.content
+    assert updates == ["notify: real"]
+    assert result.details["notifications"] == 1
+    assert result.content.startswith(f"{TEXT_HEADER}\ngood\n"), result.content
+    assert "evil" not in result.content.split(DIAGNOSTICS_HEADER)[0]
+    assert result.details["text_blocks"] == 1
+    out = last_json(result.content)
+    assert out == {
+        "extra": "rpc request malformed: unknown or invalid fields: x",
+        "huge_id": "rpc request malformed: id must be a positive integer",
+        "bool_params": "rpc request malformed: tool must be a string and params an object",
+    }
+    # A malformed call with a valid id takes its slot and counts as an error (spec: the
+    # claim charges invalid requests); one without a valid id is answered, never counted.
+    assert (result.details["rpc_calls"], result.details["rpc_errors"]) == (2, 2)
+    assert result.details["rpc_denied"] == 0
+
+
 def test_stale_thread_and_stale_token_refused(ec: ExecuteCode, scope: SessionScope) -> None:
     stale_scope = SessionScope("bridge-stale", "agent", cwd=scope.cwd)
     first = run(
@@ -845,6 +904,7 @@ def test_each_approval_outcome(
 
 def test_approval_withdrawn_when_the_cell_times_out(ec: ExecuteCode, scope: SessionScope) -> None:
     box: dict[str, Any] = {}
+    assert run(ec, scope, "pass").ok  # the kernel is up: the 1.5 s count its start too
 
     def call() -> None:
         box["result"] = run(ec, scope, "ls('@approve-block;tag=late')\n", timeout_ms=1500)

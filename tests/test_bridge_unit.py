@@ -21,6 +21,7 @@ from lemon_exec.host.bridge import (
     HostBridge,
     new_token,
 )
+from lemon_exec.host.frames import bad_fields
 from lemon_exec.kernel import protocol
 from lemon_exec.kernel.protocol import AUTH_FAILED, REPLAYED
 from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry, ToolSpec
@@ -42,6 +43,7 @@ class Harness:
         on_notify: Callable[[str], None] | None = None,
     ) -> None:
         self.replies: list[dict[str, Any]] = []
+        self.notified = 0  # the last notify number sent
         self.acks: list[Any] = []  # call ids acknowledged on receipt (before the answer)
         self.active = 0
         self.max_active = 0
@@ -128,11 +130,14 @@ class Harness:
             }
         )
 
-    def notify(self, msg: Any, token: str | None = None) -> None:
+    def notify(self, msg: Any, token: str | None = None, n: Any = None) -> None:
+        if n is None:  # numbered as the kernel numbers them
+            self.notified += 1
+            n = self.notified
         self.bridge.handle(
             {
                 "type": "notify",
-                "n": 1,
+                "n": n,
                 "msg": msg,
                 "token": self.bridge.token if token is None else token,
             }
@@ -355,9 +360,9 @@ def test_notify_cap_truncation_and_malformed() -> None:
     async def body() -> None:
         got: list[str] = []
         h = Harness(on_notify=got.append)
-        h.notify("forged", token="bad")
-        h.notify({"not": "a string"})
-        h.notify("z" * (protocol.FRAME_CAP_BYTES + 10))  # oversized frame: dropped
+        h.notify("forged", token="bad", n=1)
+        h.notify({"not": "a string"}, n=1)
+        h.notify("z" * (protocol.FRAME_CAP_BYTES + 10), n=1)  # oversized frame: dropped
         h.bridge.handle({"type": "notify", "token": h.bridge.token})
         h.notify("\u20ac" * 2000)
         for i in range(100):
@@ -368,6 +373,45 @@ def test_notify_cap_truncation_and_malformed() -> None:
         assert h.bridge.stats.notifications == 64
         assert h.bridge.stats.denied == 0
         assert h.replies == []  # fire-and-forget
+
+    run(body)
+
+
+def test_frame_fields_by_type_and_range() -> None:
+    """Pure logic: the field table of every frame kind (host/frames.py)."""
+    token = "t" * 43
+    call = {"type": "call", "id": 1, "token": token, "tool": "read", "params": {}}
+    text = {"type": "text", "n": 1, "token": token, "text": "x"}
+    notify = {"type": "notify", "n": 64, "token": token, "msg": "m"}
+    assert bad_fields("call", call) == []
+    assert bad_fields("text", text) == [] and bad_fields("text", {**text, "more": True}) == []
+    assert bad_fields("notify", notify) == []
+    for value in (True, False, 0, -1, 1.0, "1", None, 2**63, [1]):
+        assert bad_fields("call", {**call, "id": value}) == ["id"], value
+        assert bad_fields("text", {**text, "n": value}) == ["n"], value
+        assert bad_fields("notify", {**notify, "n": value}) == ["n"], value
+    assert bad_fields("notify", {**notify, "n": 65}) == ["n"]
+    assert bad_fields("text", {**text, "more": 1}) == ["more"]
+    assert bad_fields("text", {**text, "more": None}) == ["more"]
+    assert bad_fields("call", {**call, "params": []}) == ["params"]
+    assert bad_fields("call", {**call, "tool": 1}) == ["tool"]
+    assert bad_fields("notify", {**notify, "msg": b"m"}) == ["msg"]
+    assert bad_fields("notify", {**notify, "token": None}) == ["token"]
+    assert bad_fields("text", {**text, "extra": 1, "aa": 2}) == ["aa", "extra"]
+    assert bad_fields("notify", {"type": "notify", "token": token}) == ["n", "msg"]
+
+
+def test_a_notify_number_is_delivered_once() -> None:
+    async def body() -> None:
+        got: list[str] = []
+        h = Harness(on_notify=got.append)
+        h.notify("first", n=2)
+        h.notify("replay", n=2)
+        h.notify("earlier", n=1)  # threads may send their numbers out of order
+        h.notify("string n", n="3")
+        h.notify("bool n", n=True)
+        assert got == ["notify: first", "notify: earlier"]
+        assert h.bridge.stats.notifications == 2
 
     run(body)
 

@@ -191,6 +191,7 @@ def test_a_pending_stop_frees_the_slot_without_evicting_more(
         try:
             with KernelSampler(lambda: session_kernels(host=os.getpid())) as sampler:
                 await capped.run("kept = 'b'", scope=b)
+                assert (await capped.run("pass", scope=a)).ok  # up: 1 s must not go on its start
                 await capped.run(STUBBORN, scope=a, timeout_ms=1000)  # A is now stopping
                 assert capped.snapshot()["phases"]["stopping"] == 1
                 await capped.run("print(1)", scope=c)  # waits for A's slot, evicts nobody
@@ -212,6 +213,9 @@ def test_deadline_while_waiting_for_a_stopping_kernel(work: Path, go: Any) -> No
         # Ignores SIGINT and SIGTERM too: only SIGKILL, ~2 s after the interrupt, ends it.
         deaf = STUBBORN.replace("while", "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nwhile", 1)
         try:
+            # Its kernel started first: a 1 s call's deadline counts the start (issue 26.1),
+            # and a start slower than that would leave nothing running to stop.
+            assert (await capped.run("pass", scope=a)).ok
             await capped.run(deaf, scope=a, timeout_ms=1000)
             assert capped.snapshot()["phases"]["stopping"] == 1
             waited = await capped.run("b_ran = True", scope=b, timeout_ms=1000)

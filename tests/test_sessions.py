@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
 import re
 import subprocess
 import sys
@@ -244,6 +245,43 @@ def test_reset_single_owner_and_per_call_reset(ec: ExecuteCode, work: Path, go: 
             per_call = await ec.run("print(1)", scope=scope, reset=True)
         assert per_call.details["reset_performed"] is False
         assert per_call.details["persistent"] is False
+
+    go(body())
+
+
+def test_every_spelling_of_the_cwd_reaches_one_kernel(
+    ec: ExecuteCode, work: Path, go: Any, tmp_path: Path
+) -> None:
+    """Session keys are canonical: ``/d``, ``/d/``, a relative path, a symlink and a path
+    with ``..`` are one session; a reset through one spelling is seen through all."""
+    link = tmp_path / "link"
+    link.symlink_to(work, target_is_directory=True)
+    spellings = [
+        str(work),
+        str(work) + "/",
+        os.path.relpath(work),
+        str(link),
+        str(work / "other" / ".."),
+        str(work) + "/./",
+    ]
+    scopes = [SessionScope("spellings", "agent", cwd=cwd) for cwd in spellings]
+
+    async def body() -> None:
+        first = await ec.run("x = 1\nimport os\nprint(os.getpid())", scope=scopes[0])
+        pid = first.content.strip()
+        PIDS.add(int(pid))
+        for scope in scopes[1:]:
+            seen = await ec.run("print(x, os.getpid())", scope=scope)
+            assert seen.content == f"1 {pid}\n", (scope.cwd, seen.content)
+            assert seen.details["kernel_id"] == first.details["kernel_id"]
+        reset = await ec.run("import os\nprint(os.getpid())", scope=scopes[1], reset=True)
+        assert reset.details["reset_performed"] is True, reset.content
+        assert reset.details["kernel_id"] == first.details["kernel_id"]  # reset, not a fork
+        new_pid = reset.content.strip()
+        PIDS.add(int(new_pid))
+        for scope in scopes:
+            after = await ec.run("print('x' in globals(), os.getpid())", scope=scope)
+            assert after.content == f"False {new_pid}\n", (scope.cwd, after.content)
 
     go(body())
 

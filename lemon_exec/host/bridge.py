@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
 from lemon_exec._constants import GRACE_S
 from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
+from lemon_exec.host.frames import bad_fields, positive_int
 from lemon_exec.kernel import protocol
 from lemon_exec.tools import ToolCall, ToolHost
 
@@ -112,6 +113,7 @@ class HostBridge:
         self._send_reply = send_reply
         self._on_notify = on_notify
         self._seen_ids: set[int] = set()
+        self._notify_seen: set[int] = set()  # notify numbers delivered (1..NOTIFY_MAX_COUNT)
         self._text_next = 1  # the number the next text block must carry
         self._partial: _PartialBlock | None = None  # a block still receiving frames
         self._slots = asyncio.Semaphore(limits.max_parallel)
@@ -158,7 +160,7 @@ class HostBridge:
         if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
             self._reply_error(call_id, protocol.TOO_LARGE)
             return
-        if not _is_positive_int(call_id):
+        if not positive_int(call_id):
             self._reply_error(call_id, protocol.BAD_CALL_ID)
             return
         if call_id in self._seen_ids:
@@ -170,11 +172,15 @@ class HostBridge:
             self._reply_error(call_id, protocol.CALL_LIMIT.format(max_calls=self._limits.max_calls))
             return
         self.stats.calls += 1  # the slot is spent before dispatch
-        tool, params = data.get("tool"), data.get("params")
-        if not isinstance(tool, str) or not isinstance(params, dict):
+        bad = bad_fields(protocol.CALL, data)
+        if bad:
             self.stats.errors += 1
-            self._reply_error(call_id, protocol.BAD_CALL_SHAPE)
+            shape = "tool" in bad or "params" in bad
+            error = protocol.BAD_CALL_SHAPE if shape else protocol.BAD_FIELDS
+            self._reply_error(call_id, error.format(fields=", ".join(bad)))
             return
+        tool: str = data["tool"]
+        params: dict[str, Any] = data["params"]
         if tool not in self._enabled or tool not in self._tool_host.names():
             self.stats.errors += 1
             self._reply_error(call_id, protocol.UNKNOWN_TOOL.format(tool=tool))
@@ -261,9 +267,11 @@ class HostBridge:
             self.stats.denied += 1
             self._reply(protocol.text_reply(n, protocol.AUTH_FAILED))
             return
-        text, more = data.get("text"), data.get("more", False)
-        if not _is_positive_int(n) or not isinstance(text, str) or not isinstance(more, bool):
+        if bad_fields(protocol.TEXT, data):
             return  # malformed: consumed, not counted
+        n = data["n"]
+        text: str = data["text"]
+        more: bool = data.get("more", False)
         text = protocol.normalize_text(text)
         # Normalising never changes the encoded length (\udXXX and \ufffd are both 6 bytes).
         encoded_len = protocol.json_string_len(text)
@@ -324,12 +332,14 @@ class HostBridge:
         return protocol.TEXT_BUDGET.format(limit=self._limits.max_text_bytes)
 
     def _handle_notify(self, data: dict[str, Any]) -> None:
-        msg = data.get("msg")
-        if not self._authentic(data) or not isinstance(msg, str):
+        if not self._authentic(data) or bad_fields(protocol.NOTIFY, data):
             return  # fire-and-forget: forged or malformed notifications are dropped
         if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
             return  # the kernel never sends one this large: malformed, not counted
-        self._emit_notify(msg)
+        if data["n"] in self._notify_seen:
+            return  # a number already delivered: a replay, dropped
+        self._notify_seen.add(data["n"])
+        self._emit_notify(data["msg"])
 
     def _emit_notify(self, msg: str) -> None:
         """One notify() line, from the script or a tool's progress; within the notify caps."""
@@ -378,7 +388,3 @@ class HostBridge:
                 self.stats.accounting_loss = True
                 return
             await asyncio.wait(pending, timeout=min(0.05, remaining))
-
-
-def _is_positive_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1

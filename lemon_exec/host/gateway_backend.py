@@ -84,22 +84,32 @@ class GatewayBackend:
         kernel_id = str(uuid.uuid4())  # ours, so a start that fails midway can be deleted
         self._starting.add(kernel_id)
         deadline = time.monotonic() + timeout
-        try:
-            await client.start_kernel(
+        # Its own task: a start given up (the call's deadline or abort) leaves the request
+        # running, since the gateway starts the kernel all the same; it is deleted after.
+        request = asyncio.ensure_future(
+            client.start_kernel(
                 self.gateway, self.kernel_name, kernel_id, client.request_env(), timeout
             )
+        )
+        try:
+            await asyncio.shield(request)
             remaining = max(0.1, deadline - time.monotonic())
             kernel = await GatewayKernel.open(self.gateway, kernel_id, remaining)
         except BaseException:
             # Never leave a kernel behind: it may have started although the answer was lost.
             # In the background, so the failure is reported at once.
-            self._spawn(self._delete(kernel_id))
+            self._spawn(self._delete(kernel_id, request))
             raise
         self._starting.discard(kernel_id)
         return kernel
 
-    async def _delete(self, kernel_id: str) -> None:
+    async def _delete(self, kernel_id: str, request: asyncio.Future[None]) -> None:
         try:
+            # A delete before the gateway has the kernel finds nothing (404) and the kernel
+            # would start afterwards: wait for the start request to end first (its timeout).
+            await asyncio.wait({request})
+            if not request.cancelled():
+                request.exception()  # retrieved: its failure was reported, or is moot
             await client.delete_kernel(self.gateway, kernel_id, REST_TIMEOUT_S)
         finally:
             self._starting.discard(kernel_id)

@@ -37,6 +37,7 @@ from lemon_exec.host.results import build_result, fallback_note, left_queue, los
 from lemon_exec.host.session_owners import detach_when_collected, new_owner_id
 from lemon_exec.host.session_queue import OwnerGone, QueueLeft
 from lemon_exec.host.session_registry import Fallback, SessionKey, SessionRegistry
+from lemon_exec.host.start_race import StartLeft, start_within
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import SessionScope
 from lemon_exec.session import SessionOwner
@@ -171,6 +172,7 @@ class Modes:
             return self._denied(slot, call)
         engine = self.engine
         kernel: KernelHandle | None = None
+        released = False
         details = {**call.details, "queue_wait_ms": slot.waited_ms}
         try:
             try:
@@ -182,7 +184,20 @@ class Modes:
                 key = self._spare_key(call.interpreter, call.cwd)
                 try:
                     # The replacement spare starts after the run (refill below), not during it.
-                    kernel, source = await self.pool.claim(key, defer=True)
+                    # The start counts against the call's deadline and abort: past either,
+                    # the call leaves at once and the slot is freed once the start is undone.
+                    claimed = await start_within(
+                        self.pool.claim(key, defer=True),
+                        call.deadline,
+                        call.abort,
+                        spawn=engine.spawn,
+                        discard=self._discard_claimed,
+                        settled=slot.release,
+                    )
+                    kernel, source = claimed
+                except StartLeft as left:
+                    released = True  # by the abandoned start, once it has settled
+                    return left_queue(left.why, "start", call.timeout_ms, details, session=False)
                 except KernelStartError as exc:
                     return start_failure(exc, details)
                 except LemonExecError as exc:
@@ -199,10 +214,14 @@ class Modes:
             finally:
                 engine.staging.remove_workspace(workspace)
         finally:
-            if kernel is None:  # no kernel to wait for: the slot is free now
+            if kernel is None and not released:  # no kernel to wait for: the slot is free
                 slot.release()
         details["kernel_source"] = source
         return build_result(result, timeout_ms=call.timeout_ms, details=details, notes=notes)
+
+    async def _discard_claimed(self, claimed: tuple[KernelHandle, str]) -> None:
+        """Stop a kernel claimed too late for its call (the deadline passed meanwhile)."""
+        await self.engine.stop(claimed[0], reason="discarded", mode="per_call", cells_run=0)
 
     async def _stop_and_release(self, kernel: KernelHandle, slot: Slot) -> None:
         try:
@@ -296,9 +315,9 @@ class Modes:
         if scope is None or not scope.complete:
             reason = "missing_session_scope"
         else:
-            if owner_id is None:
-                owner_id = self._default_owner(scope).owner_id
             key = SessionKey.build(scope, call.cwd, call.interpreter, self.config.enabled_helpers)
+            if owner_id is None:
+                owner_id = self._default_owner(scope, key).owner_id
             session_call = replace(call, cwd=Path(key.cwd))
 
             def request_for(filename: str) -> cells.CellRequest:
@@ -345,12 +364,18 @@ class Modes:
             replace(call, details=fallback), notes=[fallback_note(reason)]
         )
 
-    def _default_owner(self, scope: SessionScope) -> SessionOwner:
-        """The modes' own owner for ``scope`` (``run(scope=...)`` without ``attach``)."""
-        owner = self._default_owners.get(scope)
+    def _default_owner(self, scope: SessionScope, key: SessionKey) -> SessionOwner:
+        """The modes' own owner for ``scope`` (``run(scope=...)`` without ``attach``).
+
+        Keyed by the canonical directory (the session key's), so ``/d``, ``/d/``, ``./d``, a
+        symlink to it and ``/d/x/..`` are one owner: otherwise each spelling would co-own
+        the one kernel, and a reset through one would fork instead of resetting it.
+        """
+        canonical = SessionScope(scope.session_id, scope.agent_id, key.cwd)
+        owner = self._default_owners.get(canonical)
         if owner is None or owner.closed:
-            owner = self.attach(scope)
-            self._default_owners[scope] = owner
+            owner = self.attach(canonical)
+            self._default_owners[canonical] = owner
         return owner
 
     # -- cells ---------------------------------------------------------------------------------

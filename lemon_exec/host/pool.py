@@ -123,7 +123,12 @@ class KernelPool:
                 self.stale_discarded += 1
                 self._drop(spare.kernel)  # off the hot path; replaced by the refill below
                 continue
-            if await spare.kernel.is_alive():
+            try:
+                alive = await spare.kernel.is_alive()
+            except asyncio.CancelledError:  # the claim was given up: the spare stays one
+                key.spares.insert(0, spare)
+                raise
+            if alive:
                 if defer and not key.extra and not key.waiters:
                     self._defer_refill(interpreter, key)
                 else:

@@ -219,39 +219,58 @@ def refusal(message: str, details: Mapping[str, Any]) -> ExecuteCodeResult:
     return ExecuteCodeResult(message, out)
 
 
+_WAITING = {
+    "queue": "waiting in the session queue",
+    "capacity": "waiting for a session kernel slot (max_live_kernels)",
+}
+_START_ADVICE = {
+    "timeout": (
+        "Nothing of it ran: timeout_ms counts the kernel's start, and the start was stopped. "
+        "Try again (starts are slower on a busy host), or with a longer timeout_ms."
+    ),
+    "cancelled": "Nothing of it ran: the kernel's start was stopped.",
+}
+
+
 def left_queue(
     why: str,
     where: str,
     timeout_ms: int,
     details: Mapping[str, Any],
+    *,
+    session: bool = True,
 ) -> ExecuteCodeResult:
-    """A session call that gave up before it started: nothing ran, the kernel is undisturbed.
+    """A call that gave up before it started: nothing ran, no kernel was touched.
 
     ``state_retained`` is false as in the spec's row "Timeout (including queued wait) / abort
     / caller death": nothing of this call is in the kernel. ``never_started`` says the rest:
     the kernel was not touched, and what earlier calls built is still there. ``why`` is
-    ``timeout`` or ``cancelled``; ``where`` is ``queue`` (the session's FIFO) or ``capacity``
-    (waiting for a kernel slot under max_live_kernels).
+    ``timeout`` or ``cancelled``; ``where`` is ``queue`` (the session's FIFO), ``capacity``
+    (waiting for a kernel slot under max_live_kernels) or ``start`` (its kernel was still
+    starting: the start is stopped; ``session`` false for a per-call run).
     """
-    waiting = (
-        "waiting in the session queue"
-        if where == "queue"
-        else "waiting for a session kernel slot (max_live_kernels)"
-    )
-    if why == "timeout":
-        head = f"Script timed out after {timeout_ms}ms while {waiting}; it never started."
+    if where == "start":  # the spec's own headline first, then where the time went
+        timed_out = f"Script timed out after {timeout_ms}ms."
+        spec_head = timed_out if why == "timeout" else "Script cancelled."
+        head = f"{spec_head} Its kernel was still starting, so the script never started."
+    elif why == "timeout":
+        head = f"Script timed out after {timeout_ms}ms while {_WAITING[where]}; it never started."
     else:
-        head = f"Script cancelled while {waiting}; it never started."
+        head = f"Script cancelled while {_WAITING[where]}; it never started."
     if where == "queue":
         content = (
             f"{head}\n\nNothing of it ran. The session's state from earlier calls is unchanged."
         )
+    elif where == "start":
+        content = f"{head}\n\n{_START_ADVICE[why]}"
     else:
         content = f"{head}\n\nNothing of it ran; try again shortly."
     out = cast(Details, dict(details))
-    out["persistent"] = True
+    out["persistent"] = session
     out["state_retained"] = False
     out["never_started"] = True
+    if where == "start":
+        out["left_during"] = "kernel_start"
     out["exit_code"] = None
     out["truncated"] = False
     flag = OUTCOME_FLAGS["timeout" if why == "timeout" else "cancelled"]

@@ -27,7 +27,8 @@ class OwnerGone(Exception):
 
 class QueueLeft(Exception):
     """A call left before it started: its deadline passed or it was aborted while it waited
-    in the session queue (``where="queue"``) or for a kernel slot (``"capacity"``)."""
+    in the session queue (``where="queue"``), for a kernel slot (``"capacity"``) or for its
+    kernel to start (``"start"``)."""
 
     def __init__(self, why: str, where: str = "queue") -> None:
         super().__init__(why)

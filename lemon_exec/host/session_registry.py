@@ -38,6 +38,7 @@ from lemon_exec.host.engine import Engine
 from lemon_exec.host.results import cell_untrusted
 from lemon_exec.host.session_owners import OwnerBindings
 from lemon_exec.host.session_queue import QueueLeft, Ticket
+from lemon_exec.host.start_race import StartLeft, start_within
 from lemon_exec.kernel import protocol
 from lemon_exec.scope import AbortSignal, SessionScope
 
@@ -138,6 +139,9 @@ class SessionRegistry:
         # Kernels being stopped, until their process is confirmed gone: they still count
         # against max_live_kernels (strict cap). The task is the stop attempt.
         self._stopping: dict[KernelHandle, asyncio.Task[bool]] = {}
+        # Starts given up when their call's deadline passed or it was aborted, until their
+        # process is gone (start_race cancels them in the background): they count too.
+        self._settling: set[asyncio.Future[None]] = set()
 
     # -- running a cell ----------------------------------------------------------------------
 
@@ -268,20 +272,49 @@ class SessionRegistry:
             self._discard(entry, "crashed")
         await self._admit(entry, deadline, abort)
         entry.phase = "starting"  # no await since _admit's check: the slot is ours
+        engine = self._engine
+        settling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def settled() -> None:
+            self._settling.discard(settling)
+            if not settling.done():
+                settling.set_result(None)
+
         try:
-            entry.kernel = await self._engine.start_kernel(
-                entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
+            # The start counts against the call's deadline and abort (start_race).
+            entry.kernel = await start_within(
+                engine.start_kernel(
+                    entry.interpreter or entry.key.interpreter, entry.key.cwd, mode="session"
+                ),
+                deadline,
+                abort,
+                spawn=engine.spawn,
+                discard=self._discard_late,
+                settled=settled,
             )
+        except StartLeft as left:
+            entry.phase = "empty"
+            self._count_settling(settling)
+            raise QueueLeft(left.why, "start") from None
         except LemonExecError as exc:
             entry.phase = "empty"
             raise Fallback("startup_failed") from exc
-        except BaseException:
+        except BaseException:  # the caller went away: start_within gave the start up
             entry.phase = "empty"
+            self._count_settling(settling)
             raise
         entry.kernel.status.public_id = entry.kernel_id
         self._set_phase(entry, "idle")
         entry.cells_run = 0
         entry.lost_reason = None
+
+    def _count_settling(self, settling: asyncio.Future[None]) -> None:
+        if not settling.done():  # its process may still be there: it counts until gone
+            self._settling.add(settling)
+
+    async def _discard_late(self, kernel: KernelHandle) -> None:
+        """Stop a kernel whose start ended after its call left; it counts until gone."""
+        await self._retire(kernel, "discarded", 0)
 
     def _set_phase(self, entry: SessionKernel, phase: str) -> None:
         entry.phase = phase
@@ -303,10 +336,14 @@ class SessionRegistry:
         while True:
             await self._prune_stopping()
             live = [e for e in self._entries if e.holds_kernel and e is not entry]
-            over = len(live) + len(self._stopping) + 1 - self.config.max_live_kernels
+            stopping = len(self._stopping) + len(self._settling)
+            over = len(live) + stopping + 1 - self.config.max_live_kernels
             if over <= 0:
                 return
-            pending = [task for task in self._stopping.values() if not task.done()]
+            pending: list[asyncio.Future[Any]] = [
+                task for task in self._stopping.values() if not task.done()
+            ]
+            pending += self._settling
             idle = [e for e in live if e.phase == "idle" and e.active is None and not e.queue]
             if len(pending) < over and idle:  # the stops under way do not free enough
                 victim = min(idle, key=lambda e: e.last_used)
@@ -318,7 +355,7 @@ class SessionRegistry:
             await self._wait_stopped(pending, deadline, abort)
 
     async def _wait_stopped(
-        self, pending: list[asyncio.Task[bool]], deadline: float, abort: AbortSignal | None
+        self, pending: list[asyncio.Future[Any]], deadline: float, abort: AbortSignal | None
     ) -> None:
         """Wait for one of ``pending`` to end; leave (nothing ran) on deadline or abort."""
         remaining = deadline - time.monotonic()
@@ -443,7 +480,7 @@ class SessionRegistry:
                 phases[entry.phase] += 1
         # Kernels being stopped (timeout, crash, eviction, reaping, reset, owners gone) until
         # their process is confirmed gone; they count against the cap with ``live``.
-        phases["stopping"] = len(self._stopping)
+        phases["stopping"] = len(self._stopping) + len(self._settling)
         return {
             "live": sum(1 for e in self._entries if e.holds_kernel),
             "capacity": self.config.max_live_kernels,

@@ -72,6 +72,7 @@ TOO_LARGE = f"rpc frame too large (max {FRAME_CAP_BYTES} bytes)"
 OUT_OF_ORDER = "rpc request malformed: text blocks must be numbered in order"
 BAD_CALL_ID = "rpc request malformed: id must be a positive integer"
 BAD_CALL_SHAPE = "rpc request malformed: tool must be a string and params an object"
+BAD_FIELDS = "rpc request malformed: unknown or invalid fields: {fields}"
 CALL_LIMIT = "rpc call limit exceeded (max {max_calls} calls per script)"
 UNKNOWN_TOOL = "unknown tool: {tool}"
 RESULT_BUDGET = (

@@ -123,6 +123,9 @@ class EnterpriseGateway:
 #: gateway's remote launcher protocol (lemon_exec/kernel/gateway_launcher.py), here by the
 #: distributed process proxy, which runs a loopback host's command without ssh.
 REMOTE_KERNEL_NAME = "lemon-python-remote"
+#: A kernelspec whose kernel sleeps this long before Python starts (deadline tests).
+SLOW_KERNEL_NAME = "lemon-python-slow"
+SLOW_START_S = 6
 
 
 def write_kernelspec(data_dir: Path) -> None:
@@ -152,6 +155,12 @@ def write_kernelspec(data_dir: Path) -> None:
     spec_dir = data_dir / "kernels" / REMOTE_KERNEL_NAME
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps(remote))
+    slow = kernel_json(sys.executable)
+    slow["argv"] = ["/bin/sh", "-c", f'sleep {SLOW_START_S}; exec "$0" "$@"', *slow["argv"]]
+    slow["display_name"] = "lemon-python (slow to start)"
+    spec_dir = data_dir / "kernels" / SLOW_KERNEL_NAME
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps(slow))
 
 
 @contextlib.contextmanager
