@@ -121,6 +121,7 @@ class LemonKernel(IPythonKernel):
         cells.install_thread_tagging()
         # Scripts never read stdin; ordinary cells keep ipykernel's input() forwarding.
         sys.stdin = script.NoStdin()
+        script.detach_fd0()
         if self.shell is not None:
             helpers.install(self.shell.user_ns)
 
@@ -258,9 +259,10 @@ class LemonKernel(IPythonKernel):
             generation=cells.next_generation(),
             max_text_bytes=setup.max_text_bytes,
         )
+        # The script's argv, as `python script.py` would give it (`lemon-exec run FILE -- ARGS`
+        # sends its own); the kernel's `-f <connection file>` is not the script's business.
         saved_argv = sys.argv
-        if setup.argv is not None:  # `lemon-exec run FILE -- ARGS`
-            sys.argv = list(setup.argv)
+        sys.argv = list(setup.argv) if setup.argv is not None else [setup.filename]
         saved_streams = sys.stdout, sys.stderr
         merged = ChunkedStream(sys.stdout)
         sys.stdout = sys.stderr = merged

@@ -1,0 +1,195 @@
+"""What a script sees of its interpreter, in both modes, with real kernels (issue 26, 3/4/8).
+
+- ``sys.argv`` is the script's (``[<script name>]``), never the kernel's ``-f <connection
+  file>``; an argparse script with defaults runs; the kernel's own argv is back after the cell.
+- every stdin read is the unsupported-input error (``input()``, ``sys.stdin`` text and binary,
+  ``readline``, iteration, ``fileinput``); file descriptor 0 is ``/dev/null``, so
+  ``os.read(0, n)`` and child processes see end of file instead of waiting.
+- ``SystemExit`` in session mode is the spec's "cell error": ``Script raised SystemExit: n``,
+  ``exit_code`` n (1 for 0, none or a message), state retained; per-call keeps python3's
+  meaning (``sys.exit(0)`` is success).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
+
+pytestmark = pytest.mark.timeout(120)
+
+MODES = ("per_call", "session")
+
+
+@pytest.fixture(scope="module")
+def facade() -> Iterator[ExecuteCode]:
+    config = ExecuteCodeConfig(
+        enabled=True, warm_kernels=0, python_path=sys.executable, timeout_ms=30_000
+    )
+    with ExecuteCode(config) as ec:
+        yield ec
+
+
+@pytest.fixture(scope="module")
+def run(
+    facade: ExecuteCode, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., ExecuteCodeResult]:
+    cwd = tmp_path_factory.mktemp("contract")
+
+    def run_in(mode: str, code: str, session: str = "contract") -> ExecuteCodeResult:
+        facade.config.kernel_mode = mode
+        scope = SessionScope(session, "agent", str(cwd)) if mode == "session" else None
+        try:
+            return facade.run_sync(code, scope=scope)
+        finally:
+            facade.config.kernel_mode = "per_call"
+
+    return run_in
+
+
+# -- 26.3: sys.argv ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_argv_is_the_scripts(run: Callable[..., ExecuteCodeResult], mode: str) -> None:
+    result = run(mode, "import sys\nprint(sys.argv)")
+    assert result.details["exit_code"] == 0, result.content
+    name = "script.py" if mode == "per_call" else result.content.strip()[2:-2]
+    assert result.content == f"['{name}']\n", result.content
+    assert name.endswith(".py") and "-f" not in result.content
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_argparse_with_defaults_runs(run: Callable[..., ExecuteCodeResult], mode: str) -> None:
+    script = (
+        "import argparse\n"
+        "parser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--count', type=int, default=3)\n"
+        "parser.add_argument('names', nargs='*', default=['x'])\n"
+        "args = parser.parse_args()\n"
+        "print(args.count, args.names)\n"
+    )
+    result = run(mode, script)
+    assert result.details["exit_code"] == 0, result.content
+    assert result.content == "3 ['x']\n"
+
+
+def test_kernel_argv_is_restored_after_the_cell(run: Callable[..., ExecuteCodeResult]) -> None:
+    # A thread the cell leaves behind reads sys.argv once the cell has ended: the kernel's.
+    run(
+        "session",
+        "import sys, threading, time\nseen = []\n"
+        "threading.Thread(target=lambda: (time.sleep(0.3), seen.append(list(sys.argv)))).start()",
+        session="argv",
+    )
+    time.sleep(1.0)
+    result = run("session", "print(seen[0][1:2], seen[0][2].endswith('.json'))", session="argv")
+    assert result.content == "['-f'] True\n", result.content
+
+
+# -- 26.4: stdin ----------------------------------------------------------------------------------
+
+STDIN_READS = {
+    "input": ("input('name? ')", "input() is not supported"),
+    "read": ("import sys\nsys.stdin.read()", "reading sys.stdin is not supported"),
+    "buffer.read": ("import sys\nsys.stdin.buffer.read()", "reading sys.stdin is not supported"),
+    "readline": ("import sys\nsys.stdin.readline()", "reading sys.stdin is not supported"),
+    "buffer.readline": (
+        "import sys\nsys.stdin.buffer.readline()",
+        "reading sys.stdin is not supported",
+    ),
+    "iterate": (
+        "import sys\nfor line in sys.stdin:\n    pass",
+        "reading sys.stdin is not supported",
+    ),
+    "fileinput": (
+        "import fileinput\nwith fileinput.input() as lines:\n    list(lines)",
+        "reading sys.stdin is not supported",
+    ),
+    "fileinput-binary": (
+        "import fileinput\nwith fileinput.input(mode='rb') as lines:\n    list(lines)",
+        "reading sys.stdin is not supported",
+    ),
+}
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("read", list(STDIN_READS))
+def test_stdin_reads_are_the_unsupported_input_error(
+    run: Callable[..., ExecuteCodeResult], mode: str, read: str
+) -> None:
+    script, what = STDIN_READS[read]
+    started = time.monotonic()
+    result = run(mode, "kept = 'before'\n" + script + "\nprint('after')", session="stdin")
+    assert time.monotonic() - started < 20, "a stdin read must fail, not wait"
+    headline = result.content.splitlines()[0]
+    assert headline.startswith("Script raised UnsupportedInputError: " + what), result.content
+    assert "Read the data from a file" in headline
+    assert "after" not in result.content
+    assert result.details["exit_code"] == 1
+    if mode == "session":
+        assert result.details["state_retained"] is True
+        assert run(mode, "print(kept)", session="stdin").content == "before\n"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_fd0_is_at_end_of_file(run: Callable[..., ExecuteCodeResult], mode: str) -> None:
+    script = (
+        "import os, subprocess, sys\n"
+        "print(repr(os.read(0, 10)))\n"
+        "done = subprocess.run(['cat'], capture_output=True, timeout=20)\n"
+        "print(done.returncode, repr(done.stdout))\n"
+        "print(os.readlink('/proc/self/fd/0'))\n"
+    )
+    result = run(mode, script)
+    assert result.details["exit_code"] == 0, result.content
+    assert result.content == "b''\n0 b''\n/dev/null\n"
+
+
+# -- 26.8: SystemExit ------------------------------------------------------------------------------
+
+SESSION_EXITS = {
+    # call: (headline, exit_code)
+    "import sys\nsys.exit(0)": ("Script raised SystemExit: 0", 1),
+    "import sys\nsys.exit()": ("Script raised SystemExit", 1),
+    "exit()": ("Script raised SystemExit", 1),
+    "raise SystemExit(3)": ("Script raised SystemExit: 3", 3),
+    "import sys\nsys.exit('bad input')": ("Script raised SystemExit: bad input", 1),
+}
+
+
+@pytest.mark.parametrize("call", list(SESSION_EXITS))
+def test_session_system_exit_is_a_cell_error(
+    run: Callable[..., ExecuteCodeResult], call: str
+) -> None:
+    head, code = SESSION_EXITS[call]
+    result = run("session", f"mark = 1\nprint('before')\n{call}\nmark = 2", session="exit")
+    assert result.content.splitlines()[0] == head, result.content
+    assert "before" in result.content
+    assert result.details["exit_code"] == code
+    assert result.details["state_retained"] is True
+    assert not result.ok
+    after = run("session", "print(mark)", session="exit")
+    assert after.details["kernel_reused"] is True
+    assert after.content == "1\n"
+
+
+PER_CALL_EXITS: dict[str, tuple[str, int]] = {
+    "import sys\nsys.exit(0)": ("before\n", 0),
+    "import sys\nsys.exit(3)": ("Script exited with code 3\n\nbefore\n", 3),
+    "import sys\nsys.exit('bad input')": ("Script exited with code 1\n\nbefore\nbad input\n", 1),
+}
+
+
+@pytest.mark.parametrize("call", list(PER_CALL_EXITS))
+def test_per_call_system_exit_is_the_process_exit(
+    run: Callable[..., ExecuteCodeResult], call: str
+) -> None:
+    content, code = PER_CALL_EXITS[call]
+    result = run("per_call", f"print('before')\n{call}\nprint('after')")
+    assert result.content == content
+    assert result.details["exit_code"] == code
