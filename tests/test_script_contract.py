@@ -193,3 +193,75 @@ def test_per_call_system_exit_is_the_process_exit(
     result = run("per_call", f"print('before')\n{call}\nprint('after')")
     assert result.content == content
     assert result.details["exit_code"] == code
+
+
+# -- 25.4: a cell's result carries only that cell's output ----------------------------------------
+
+#: What cell 1 leaves behind: something that writes ~20 lines over ~1 s, after cell 1 ended.
+LEFTOVERS = {
+    "thread": (
+        "import threading, time\n"
+        "def chatter():\n"
+        "    time.sleep(0.2)\n"
+        "    for i in range(20):\n"
+        "        print('late thread', i, flush=True)\n"
+        "        time.sleep(0.04)\n"
+        "threading.Thread(target=chatter, daemon=True).start()\n"
+    ),
+    "thread-stderr": (
+        "import sys, threading, time\n"
+        "def chatter():\n"
+        "    time.sleep(0.2)\n"
+        "    for i in range(20):\n"
+        "        sys.stderr.write(f'late stderr {i}\\n')\n"
+        "        time.sleep(0.04)\n"
+        "threading.Thread(target=chatter, daemon=True).start()\n"
+    ),
+    "pool": (
+        "import concurrent.futures, time\n"
+        "pool = concurrent.futures.ThreadPoolExecutor(1)\n"
+        "def chatter():\n"
+        "    time.sleep(0.2)\n"
+        "    for i in range(20):\n"
+        "        print('late pool', i, flush=True)\n"
+        "        time.sleep(0.04)\n"
+        "pool.submit(chatter)\n"
+    ),
+    "subprocess": (
+        "import subprocess\n"
+        "child = subprocess.Popen(['sh', '-c', 'sleep 0.2; for i in $(seq 20); do "
+        "echo late child $i; echo late child err $i >&2; sleep 0.04; done'])\n"
+    ),
+    "fork": (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(0.2)\n"
+        "    for i in range(20):\n"
+        "        print('late fork', i, flush=True)\n"
+        "        time.sleep(0.04)\n"
+        "    os._exit(0)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("leftover", list(LEFTOVERS))
+def test_late_output_stays_out_of_the_next_cell(
+    run: Callable[..., ExecuteCodeResult], leftover: str
+) -> None:
+    session = f"late-{leftover}"
+    first = run("session", LEFTOVERS[leftover] + "print('cell one')\n", session=session)
+    assert first.content == "cell one\n", first.content
+    assert "late_output_bytes" not in first.details
+    # Cell 2 runs while the leftover writes (from 0.2 s after cell 1 to about 1 s).
+    second = run(
+        "session",
+        "import time\nfor i in range(4):\n    print('cell two', i)\n    time.sleep(0.4)",
+        session=session,
+    )
+    assert second.content == "".join(f"cell two {i}\n" for i in range(4)), second.content
+    assert second.details["exit_code"] == 0
+    assert second.details["late_output_bytes"] > 0, second.details
+    # Nothing the leftover wrote reaches a later call either.
+    time.sleep(0.5)
+    third = run("session", "print('cell three')", session=session)
+    assert third.content == "cell three\n", third.content

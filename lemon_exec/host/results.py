@@ -173,6 +173,8 @@ def build_result(
         out[flag] = True  # type: ignore[literal-required]  # a key of Details, by the table
     if cell.memory_limit_mb is not None:
         out["memory_limit_exceeded"] = True
+    if cell.late_output_bytes:
+        out["late_output_bytes"] = cell.late_output_bytes
     if cell.output.spill_path is not None:
         out["full_output_path"] = str(cell.output.spill_path)
     return ExecuteCodeResult(content, out, "trusted" if notice is None else "untrusted")
