@@ -265,3 +265,30 @@ def test_late_output_stays_out_of_the_next_cell(
     time.sleep(0.5)
     third = run("session", "print('cell three')", session=session)
     assert third.content == "cell three\n", third.content
+
+
+def test_cell_pipes_are_closed_once_their_writers_are_gone(
+    run: Callable[..., ExecuteCodeResult],
+) -> None:
+    # Every cell gets a pipe of its own; an ended cell's pipe is closed once no leftover
+    # child holds it, so a long session does not pile up descriptors.
+    count = (
+        "import os\n"
+        "pipes = 0\n"
+        "for fd in os.listdir('/proc/self/fd'):\n"
+        "    try:\n"
+        "        pipes += os.readlink(f'/proc/self/fd/{fd}').startswith('pipe:')\n"
+        "    except OSError:\n"
+        "        pass  # the directory listing's own descriptor\n"
+        "print(pipes)"
+    )
+    run("session", "import subprocess\nsubprocess.run(['true'])", session="fds")
+    before = int(run("session", count, session="fds").content)
+    for _ in range(5):
+        run("session", "import subprocess\nsubprocess.Popen(['sleep', '0.3'])", session="fds")
+    for _ in range(5):
+        run("session", "print('plain cell')", session="fds")
+    time.sleep(1.5)  # the sleeps are over: every retired pipe has reached end of file
+    run("session", "import gc\ngc.collect()", session="fds")  # Popen objects hold no fds
+    after = int(run("session", count, session="fds").content)
+    assert after == before, (before, after)
