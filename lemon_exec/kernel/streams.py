@@ -218,6 +218,16 @@ class BoundedOutStream(OutStream):
             self._cell_fid = None
         self._wake()
 
+    def close(self) -> None:
+        super().close()  # type: ignore[no-untyped-call]  # stops and joins the watcher
+        if self._wake_w < 0 or not self._is_master_process():  # type: ignore[no-untyped-call]
+            return  # closed already (a number closed twice may be another file's by then)
+        for fd in (self._wake_r, self._wake_w, *self._retired):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retired.clear()
+        self._wake_r = self._wake_w = -1
+
     def _wake(self) -> None:
         with contextlib.suppress(OSError):
             os.write(self._wake_w, b"w")
