@@ -50,6 +50,7 @@ class Details(TypedDict, total=False):
     protocol_fault: bool  # a kernel message failed validation; the kernel was discarded
     memory_limit_exceeded: bool  # crashed: killed for going over kernel_memory_mb
     full_output_path: str  # the spill file holding the output beyond max_output_bytes
+    late_output_bytes: int  # session: output of earlier cells' threads/children, dropped
     # -- the bridge's accounting --
     text_blocks: int  # text() blocks in the result
     notifications: int  # notify() messages delivered

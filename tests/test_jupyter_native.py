@@ -493,7 +493,7 @@ def test_scenario_plugin_regenerates_and_detects_changes(tmp_path: Path) -> None
     assert text_outputs == [
         "Script result (text()):\nx=1 in <cwd>",
         "Script result (text()):\n2",
-        "Script exited with code 2",
+        "Script raised SystemExit: 2",  # a session's SystemExit is a cell error
     ]
     assert "<kernel-1>" in path.read_text()
 

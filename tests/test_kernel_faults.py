@@ -224,7 +224,9 @@ def test_exit_ends_the_script_with_its_code(per_call: ExecuteCode, call: str) ->
 def test_session_kernel_survives_quit_in_a_script(session: tuple[ExecuteCode, Any]) -> None:
     facade, scope = session
     first = facade.run_sync("x = 1\nquit()\nx = 2", scope=scope("quit"))
-    assert first.details["exit_code"] == 0
+    # In session mode a SystemExit is a cell error (docs/modes.md), the state kept.
+    assert first.content == "Script raised SystemExit", first.content
+    assert first.details["exit_code"] == 1
     time.sleep(0.5)  # IPython's quit() stopped the kernel's event loop 0.1 s later
     second = facade.run_sync("text(str(x))", scope=scope("quit"))
     assert second.content == "Script result (text()):\n1"

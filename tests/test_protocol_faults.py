@@ -239,3 +239,21 @@ def test_helpers_in_a_forked_child_fail_fast(facade: ExecuteCode, tmp_path: Any)
         f"forked child (pid {child})"
     )
     assert lines[:3] == [f"{name}: {expected}" for name in ("read", "text", "notify")], lines
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["per_call", "session"])
+def test_huge_script_is_not_echoed_into_its_result(
+    facade: ExecuteCode, tmp_path: Any, mode: str
+) -> None:
+    # Issue 25 item 11: a script over the per-message limit runs; the kernel's echo of its
+    # code (execute_input) is not output, so no note about it reaches the result.
+    filler = "# " + "x" * 1022 + "\n"
+    script = "print('ran')\n" + filler * (HUGE_MIB * 1024) + "text('done')\n"
+    assert len(script) > MAX_MESSAGE_BYTES
+    scope = SessionScope("huge-script", "agent", cwd=str(tmp_path)) if mode == "session" else None
+    result = run(facade, script, scope)
+    assert result.details["exit_code"] == 0, result.content[:500]
+    assert result.content == (
+        "Script result (text()):\ndone\n\nDiagnostics (stdout/stderr, not the result):\nran\n"
+    ), result.content[:500]

@@ -130,7 +130,7 @@ KEPT_ROWS = {
         1,
         "Script raised ValueError: boom",
     ),
-    "system_exit": ("mark = 'exit'\nraise SystemExit(3)", 3, "Script exited with code 3"),
+    "system_exit": ("mark = 'exit'\nraise SystemExit(3)", 3, "Script raised SystemExit: 3"),
     "input": ("mark = 'input'\ninput('name? ')", 1, "input() is not supported"),
     "helper_denial": (
         "mark = 'denied'\nread('secret.txt')",

@@ -85,6 +85,8 @@ class CellResult:
     fault: str | None = None
     #: The memory limit (MiB) whose OOM kill ended the kernel ("crashed" only), else None.
     memory_limit_mb: int | None = None
+    #: Output of earlier cells' threads and children that the kernel dropped (its reply).
+    late_output_bytes: int = 0
 
     @property
     def kernel_reusable(self) -> bool:
@@ -294,6 +296,7 @@ def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
     result.end = _REPLY_ENDS.get(outcome.kind, "exception")
     result.exit_code = outcome.exit_code
     result.ename, result.evalue = outcome.ename, outcome.evalue
+    result.late_output_bytes = outcome.late_output_bytes
 
 
 _REPLY_ENDS: dict[str, CellEnd] = {"ok": "ok", "exit": "exit", "exception": "exception"}

@@ -14,6 +14,7 @@ come from :data:`lemon_exec.details.OUTCOME_FLAGS`, which :func:`outcome_of` dec
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 from lemon_exec.details import OUTCOME_FLAGS, Details, Outcome
@@ -154,6 +155,8 @@ def build_result(
     data (an earlier call fetched), so its result is untrusted whatever it did itself.
     ``lead``: a line that comes first, before the headline (the session lost its state).
     """
+    if details.get("persistent") is True:
+        cell = _session_cell_error(cell)
     content = _content(cell, headline(cell, timeout_ms), notes or [], lead)
     notice = _untrusted_notice(cell, tainted)
     if notice is not None:  # untrusted is always wrapped, whatever made it so
@@ -170,6 +173,8 @@ def build_result(
         out[flag] = True  # type: ignore[literal-required]  # a key of Details, by the table
     if cell.memory_limit_mb is not None:
         out["memory_limit_exceeded"] = True
+    if cell.late_output_bytes:
+        out["late_output_bytes"] = cell.late_output_bytes
     if cell.output.spill_path is not None:
         out["full_output_path"] = str(cell.output.spill_path)
     return ExecuteCodeResult(content, out, "trusted" if notice is None else "untrusted")
@@ -191,6 +196,20 @@ def _content(cell: CellResult, head: str | None, notes: list[str], lead: str | N
     if output or not (head or lines):
         parts.append(output if output else NO_OUTPUT)
     return "\n\n".join(parts)
+
+
+def _session_cell_error(cell: CellResult) -> CellResult:
+    """A session cell that raised SystemExit, as the spec's table has it: a cell error.
+
+    The kernel does not exit (its state is kept), so ``sys.exit(n)`` ended the cell as an
+    exception would: "Script raised SystemExit: n", never the success result. ``exit_code``
+    is n when it is a non-zero int, else 1 (``sys.exit()``, ``sys.exit(0)``, a message),
+    so a SystemExit is never read as success.
+    """
+    if cell.ename != "SystemExit" or cell.end not in ("ok", "exit"):
+        return cell
+    code = cell.exit_code if cell.end == "exit" and cell.exit_code else 1
+    return replace(cell, end="exception", exit_code=code)
 
 
 def _untrusted_notice(cell: CellResult, tainted: bool) -> str | None:

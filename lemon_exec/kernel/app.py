@@ -273,6 +273,10 @@ class LocalIOPubThread(IOPubThread):
         except (StopIteration, ValueError, IndexError, TypeError):
             parent, header = None, {}
         msg_type = str(header.get("msg_type", "")) if isinstance(header, dict) else ""
+        if msg_type == "execute_input":
+            # The echo of a big script's code: not output, and the host already has the
+            # code. A note would put text into the result that the script never wrote.
+            return None
         kind = _KINDS.get(msg_type, f"{msg_type or 'a'} message")
         note = (
             f"[{kind} of {size / 2**20:.1f} MiB was not sent: over the "

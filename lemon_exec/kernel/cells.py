@@ -9,6 +9,10 @@ A pooled worker (``concurrent.futures`` threads, which back ``asyncio.to_thread`
 ``run_in_executor``) outlives the cell that started it, so while it runs a work item it
 belongs to the cell that *submitted* that item: a pool reused by a later cell works there,
 and work a finished cell left queued is still refused.
+
+The same tags keep a cell's output its own: a write from a thread of a cell that has ended
+(:func:`late_writer`) is dropped and only counted (:func:`count_late`), and reported with the
+next result as ``late_output_bytes``, never shown in a later call's output.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ class _CellState:
     def __init__(self) -> None:
         self.generation = 0
         self.bridge: CellBridge | None = None
+        #: Bytes of late output dropped since the last script's reply (see count_late).
+        self.late_bytes = 0
+        self.late_lock = threading.Lock()
 
 
 STATE = _CellState()
@@ -71,6 +78,32 @@ def thread_generation() -> int:
     """The cell the current thread belongs to (untagged threads belong to the open cell)."""
     tag = getattr(threading.current_thread(), _ATTR, None)
     return STATE.generation if tag is None else tag
+
+
+def late_writer() -> bool:
+    """Whether the current thread belongs to a script cell that is no longer running.
+
+    Untagged threads (the kernel's main thread) and threads made before the first script
+    (tag 0: the kernel's own, such as the pipe watcher) are never late.
+    """
+    tag = getattr(threading.current_thread(), _ATTR, None)
+    if not tag:
+        return False
+    bridge = STATE.bridge
+    return bridge is None or tag != bridge.generation
+
+
+def count_late(nbytes: int) -> None:
+    """Count output that was dropped because the cell it belonged to had ended."""
+    with STATE.late_lock:
+        STATE.late_bytes += nbytes
+
+
+def take_late_bytes() -> int:
+    """The late output counted since the last call, and start counting afresh."""
+    with STATE.late_lock:
+        late, STATE.late_bytes = STATE.late_bytes, 0
+    return late
 
 
 def open_cell(bridge: CellBridge) -> None:

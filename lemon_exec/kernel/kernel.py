@@ -9,6 +9,7 @@ jupyter console and nbclient work with this kernel as with ipykernel.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from traitlets import Float, Type, default
 from lemon_exec.kernel import cells, helpers, prebuilt, protocol, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.forkguard import ForkGuardedSession
-from lemon_exec.kernel.streams import ChunkedStream
+from lemon_exec.kernel.streams import BoundedOutStream, ChunkedStream
 
 #: What a person attached to a managed kernel reads when they type ``exit`` or ``quit``.
 MANAGED_EXIT_NOTE = (
@@ -121,6 +122,7 @@ class LemonKernel(IPythonKernel):
         cells.install_thread_tagging()
         # Scripts never read stdin; ordinary cells keep ipykernel's input() forwarding.
         sys.stdin = script.NoStdin()
+        script.detach_fd0()
         if self.shell is not None:
             helpers.install(self.shell.user_ns)
 
@@ -258,12 +260,18 @@ class LemonKernel(IPythonKernel):
             generation=cells.next_generation(),
             max_text_bytes=setup.max_text_bytes,
         )
+        # The script's argv, as `python script.py` would give it (`lemon-exec run FILE -- ARGS`
+        # sends its own); the kernel's `-f <connection file>` is not the script's business.
         saved_argv = sys.argv
-        if setup.argv is not None:  # `lemon-exec run FILE -- ARGS`
-            sys.argv = list(setup.argv)
+        sys.argv = list(setup.argv) if setup.argv is not None else [setup.filename]
         saved_streams = sys.stdout, sys.stderr
-        merged = ChunkedStream(sys.stdout)
+        kernel_out = sys.stdout
+        merged = ChunkedStream(kernel_out)
         sys.stdout = sys.stderr = merged
+        # Child processes write to a pipe of this cell's own, so what a child left running
+        # writes after the cell ended is told apart (streams.BoundedOutStream.begin_cell).
+        if isinstance(kernel_out, BoundedOutStream):
+            kernel_out.begin_cell()
         # Child processes' stderr joins stdout's pipe too: one ordered stream, as specified.
         saved_fd2 = _merge_fd(2, into=1)
         cells.open_cell(bridge)
@@ -275,6 +283,10 @@ class LemonKernel(IPythonKernel):
             sys.stdout, sys.stderr = saved_streams
             sys.argv = saved_argv
             _restore_fd(2, saved_fd2)
+            if isinstance(kernel_out, BoundedOutStream):
+                kernel_out.end_cell()
+        # Output that threads and children of ended cells wrote meanwhile: dropped, counted.
+        outcome = dataclasses.replace(outcome, late_output_bytes=cells.take_late_bytes())
         return protocol.script_reply(outcome, self.execution_count)
 
 

@@ -550,6 +550,9 @@ class ScriptOutcome:
     exit_code: int = 0
     ename: str = ""
     evalue: str = ""
+    #: Output dropped because the thread or child process that wrote it belonged to an
+    #: ended cell (written while this script ran, or since the previous script's reply).
+    late_output_bytes: int = 0
 
 
 def script_reply(outcome: ScriptOutcome, execution_count: int) -> dict[str, Any]:
@@ -563,6 +566,7 @@ def script_reply(outcome: ScriptOutcome, execution_count: int) -> dict[str, Any]
             "exit_code": outcome.exit_code,
             "ename": outcome.ename,
             "evalue": outcome.evalue,
+            "late_output_bytes": outcome.late_output_bytes,
         },
     }
     if outcome.kind != "ok":
@@ -585,12 +589,18 @@ def parse_script_reply(reply: Mapping[str, Any]) -> ScriptOutcome:
             int(outcome.get("exit_code") or 0),
             str(outcome.get("ename") or ""),
             str(outcome.get("evalue") or ""),
+            _count(outcome.get("late_output_bytes")),
         )
     if reply.get("status") == "error":
         return ScriptOutcome(
             "exception", 1, str(reply.get("ename", "")), str(reply.get("evalue", ""))
         )
     return ScriptOutcome("ok")
+
+
+def _count(value: object) -> int:
+    """A non-negative int from the reply, or 0 (an old kernel sends none)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 # -- frames (kernel → host, §4) and replies (host → kernel, §5) -------------------------------

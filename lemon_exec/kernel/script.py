@@ -15,6 +15,7 @@ import builtins
 import contextlib
 import getpass
 import inspect
+import io
 import linecache
 import os
 import sys
@@ -45,29 +46,114 @@ def _refuse_getpass(*_args: Any, **_kwargs: Any) -> str:
     raise UnsupportedInputError(_NO_INPUT.format(what="getpass()"))
 
 
-class NoStdin:
-    """A ``sys.stdin`` whose every read raises UnsupportedInputError instead of blocking."""
+class NoStdin(io.TextIOBase):
+    """A ``sys.stdin`` whose every read raises UnsupportedInputError instead of blocking.
 
-    encoding = "utf-8"
-    errors = "strict"
-    closed = False
+    Its ``buffer`` refuses binary reads the same way (``sys.stdin.buffer.read()``,
+    ``fileinput`` in binary mode). File descriptor 0 itself is ``/dev/null`` in a lemon
+    kernel (:func:`detach_fd0`): ``os.read(0, n)`` and child processes see end of file.
+    """
 
-    def _refuse(self, *_args: Any, **_kwargs: Any) -> Any:
-        raise UnsupportedInputError(_NO_INPUT.format(what="reading sys.stdin"))
+    def __init__(self) -> None:
+        super().__init__()
+        self._buffer = _NoStdinBytes()
 
-    read = readline = readlines = __iter__ = __next__ = _refuse
+    @property
+    def buffer(self) -> io.BufferedIOBase:
+        return self._buffer
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return "utf-8"
+
+    @property
+    def errors(self) -> str:  # type: ignore[override]
+        return "strict"
+
+    def read(self, *_args: Any, **_kwargs: Any) -> str:
+        raise _stdin_refusal()
+
+    # typeshed types these of io.IOBase as bytes even for text streams.
+    def readline(self, *_args: Any, **_kwargs: Any) -> str:  # type: ignore[override]
+        raise _stdin_refusal()
+
+    def readlines(self, *_args: Any, **_kwargs: Any) -> list[str]:  # type: ignore[override]
+        raise _stdin_refusal()
+
+    def __next__(self) -> str:  # type: ignore[override]
+        raise _stdin_refusal()
+
+    def readable(self) -> bool:
+        return True
 
     def isatty(self) -> bool:
         return False
 
     def fileno(self) -> int:
-        raise OSError("stdin is not available in execute_code scripts")
+        raise io.UnsupportedOperation("stdin is not available in execute_code scripts")
+
+    def close(self) -> None:
+        pass  # stays usable (and refusing): the kernel installs one for its lifetime
+
+    def __del__(self) -> None:
+        pass  # nothing to flush or close
+
+
+class _NoStdinBytes(io.BufferedIOBase):
+    """``sys.stdin.buffer``: every read raises UnsupportedInputError."""
+
+    def read(self, *_args: Any, **_kwargs: Any) -> bytes:
+        raise _stdin_refusal()
+
+    read1 = readline = read
+
+    def readlines(self, *_args: Any, **_kwargs: Any) -> list[bytes]:
+        raise _stdin_refusal()
+
+    def readinto(self, *_args: Any, **_kwargs: Any) -> int:
+        raise _stdin_refusal()
+
+    readinto1 = readinto
+
+    def __next__(self) -> bytes:
+        raise _stdin_refusal()
 
     def readable(self) -> bool:
         return True
 
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("stdin is not available in execute_code scripts")
+
     def close(self) -> None:
         pass
+
+    def __del__(self) -> None:
+        pass
+
+
+def _stdin_refusal() -> UnsupportedInputError:
+    return UnsupportedInputError(_NO_INPUT.format(what="reading sys.stdin"))
+
+
+def detach_fd0() -> None:
+    """Put ``/dev/null`` on file descriptor 0, so a read there ends at once (end of file).
+
+    Whatever the kernel was started with (a pipe from its launcher) would otherwise let
+    ``os.read(0, n)`` or a child process that reads its stdin wait forever.
+    """
+    try:
+        null = os.open(os.devnull, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        if null != 0:
+            os.dup2(null, 0)
+    finally:
+        if null != 0:
+            os.close(null)
 
 
 _real_exit = os._exit
@@ -179,14 +265,16 @@ def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
 
 
 def _exit_outcome(exc: SystemExit) -> ScriptOutcome:
+    # ename/evalue say it was a SystemExit, also for code 0 (kind "ok", as python3 exits 0):
+    # in session mode the host reports every SystemExit as a cell error (host/results.py).
     code = exc.code
     if code is None or code == 0:
-        return ScriptOutcome("ok")
+        return ScriptOutcome("ok", ename="SystemExit", evalue="" if code is None else "0")
     if isinstance(code, int) and not isinstance(code, bool):
-        return ScriptOutcome("exit", exit_code=code)
+        return ScriptOutcome("exit", exit_code=code, ename="SystemExit", evalue=str(code))
     # sys.exit("message") prints the message and exits 1, as python3 does.
     print(code, file=sys.stderr)
-    return ScriptOutcome("exit", exit_code=1)
+    return ScriptOutcome("exit", exit_code=1, ename="SystemExit", evalue=_safe_str(code))
 
 
 def _report_exception(exc: BaseException) -> ScriptOutcome:
@@ -211,7 +299,7 @@ def _filter_frames(te: traceback.TracebackException, seen: set[int]) -> None:
         _filter_frames(group_member, seen)
 
 
-def _safe_str(exc: BaseException) -> str:
+def _safe_str(exc: object) -> str:
     try:
         return str(exc)
     except Exception:  # a broken __str__ must not break the report

@@ -10,6 +10,7 @@ which the host drains IOPub (its link blocks rather than drops; see hostlink.py)
 from __future__ import annotations
 
 import codecs
+import contextlib
 import fcntl
 import io
 import os
@@ -22,6 +23,7 @@ from typing import Any
 
 from ipykernel.iostream import OutStream
 
+from lemon_exec.kernel import cells
 from lemon_exec.kernel.protocol import normalize_text
 
 #: Fixed by the spec: output travels in chunks of at most 64 KiB.
@@ -43,6 +45,9 @@ class ChunkedStream(io.TextIOBase):
     def write(self, text: str) -> int:
         if not isinstance(text, str):
             raise TypeError(f"write() argument must be str, not {type(text).__name__}")
+        if cells.late_writer():  # a thread an earlier cell left: not this cell's output
+            cells.count_late(_utf8_len(text))
+            return len(text)
         drain = getattr(self._inner, "drain_pipe", None)
         if drain is not None:
             drain()
@@ -95,7 +100,12 @@ class BoundedOutStream(OutStream):
        watcher or by :meth:`drain_pipe`. A Python-level write drains the pipe first, so
        output of a child process that has finished comes before what Python prints next —
        the order a terminal would show.
-    3. In a forked child (``multiprocessing`` with fork, ``os.fork``) a write goes straight
+    3. Each script cell gets its own pipe on file descriptor 1 (and 2) (:meth:`begin_cell`,
+       :meth:`end_cell`). A child process inherits the pipe of the cell that started it, so
+       what a child left running by an ended cell writes arrives on that cell's old pipe:
+       read, counted as late output and dropped, never shown in a later cell. Likewise a
+       Python write from a thread of an ended cell (:func:`cells.late_writer`).
+    4. In a forked child (``multiprocessing`` with fork, ``os.fork``) a write goes straight
        to the captured file descriptor, whose pipe the parent's watcher forwards. The kernel
        has no IOPub "pipe" socket for children (see app.py), and a child must not touch the
        parent's zmq sockets.
@@ -108,12 +118,27 @@ class BoundedOutStream(OutStream):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._pipe_lock = threading.Lock()
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        #: The running script cell's pipe (read end) while one runs, else None.
+        self._cell_fid: int | None = None
+        #: The write end that fd 1 had before the cell's pipe replaced it.
+        self._saved_fd1: int | None = None
+        #: Pipes of ended cells that a leftover child may still write to (read ends).
+        self._retired: set[int] = set()
+        # Wakes the watcher when the set of pipes it reads changes. Made before OutStream's
+        # __init__, which starts the watcher.
+        self._wake_r, self._wake_w = os.pipe()
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     # int | None is OutStream.write's own type (None: a child's flush is already pending).
     def write(self, string: str) -> int | None:  # type: ignore[override]
         if not self._is_master_process():  # type: ignore[no-untyped-call]
             return self._write_from_child(string)
+        if isinstance(string, str) and cells.late_writer():  # not this cell's output
+            cells.count_late(_utf8_len(string))
+            return len(string)
+        return self._emit(string)
+
+    def _emit(self, string: str) -> int | None:
         # A lone surrogate would make the message unencodable and lose the whole chunk.
         written = super().write(normalize_text(string) if isinstance(string, str) else string)
         self._unflushed += len(string)
@@ -152,12 +177,60 @@ class BoundedOutStream(OutStream):
                     return
 
     def _watched_pipe(self) -> int | None:
-        """The captured file descriptors' pipe, if this process reads it."""
+        """The pipe whose bytes are output now: the cell's, else the captured descriptors'."""
         fid: int | None = getattr(self, "_fid", None)
         # A forked child inherits the pipe's read end: draining there would steal the bytes.
         if fid is None or not self._should_watch or not self._is_master_process():  # type: ignore[no-untyped-call]
             return None
-        return fid
+        return fid if self._cell_fid is None else self._cell_fid
+
+    def begin_cell(self) -> None:
+        """Give file descriptor 1 a pipe of this script cell's own (see the class doc)."""
+        if self._watched_pipe() is None or self._cell_fid is not None:
+            return
+        fd = self._original_stdstream_fd
+        read_end, write_end = os.pipe()
+        try:
+            self._saved_fd1 = os.dup(fd)
+            os.dup2(write_end, fd)
+        except OSError:
+            os.close(read_end)
+            return
+        finally:
+            os.close(write_end)
+        self.drain_pipe()  # what came before the cell, in order, from the old pipe
+        with self._pipe_lock:
+            self._cell_fid = read_end
+        self._wake()
+
+    def end_cell(self) -> None:
+        """Put back the kernel's pipe on fd 1; the cell's pipe is retired (call after the
+        cell's last output was drained)."""
+        saved, self._saved_fd1 = self._saved_fd1, None
+        if saved is None:
+            return
+        with contextlib.suppress(OSError):
+            os.dup2(saved, self._original_stdstream_fd)
+        os.close(saved)
+        with self._pipe_lock:
+            if self._cell_fid is not None:
+                self._retired.add(self._cell_fid)
+            self._cell_fid = None
+        self._wake()
+
+    def close(self) -> None:
+        super().close()  # type: ignore[no-untyped-call]  # stops and joins the watcher
+        if self._wake_w < 0 or not self._is_master_process():  # type: ignore[no-untyped-call]
+            return  # closed already (a number closed twice may be another file's by then)
+        for fd in (self._wake_r, self._wake_w, *self._retired):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._retired.clear()
+        self._wake_r = self._wake_w = -1
+
+    def _wake(self) -> None:
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"w")
 
     def _write_from_child(self, string: str) -> int:
         if not isinstance(string, str):
@@ -174,23 +247,44 @@ class BoundedOutStream(OutStream):
         # Replaces ipykernel's watcher: same job, but bytes move under the pipe lock, UTF-8 is
         # decoded incrementally (a character split across reads stays whole), and child
         # output is not echoed to the kernel's own stderr log.
-        fid = getattr(self, "_fid", None)
-        if fid is None:
+        kernel_fid = getattr(self, "_fid", None)
+        if kernel_fid is None:
             return
         try:
             while self._should_watch:
-                select.select([fid], [], [])
                 with self._pipe_lock:
-                    # A writer may have drained the pipe since select() said readable: a
-                    # blocking read would then hold the lock until the next byte came, and
-                    # the cell's end (which drains the pipe too) would wait for it forever.
-                    # Readable with nothing pending, under the lock, is the end of file.
-                    if _pending_bytes(fid) == 0 and not select.select([fid], [], [], 0)[0]:
-                        continue
-                    if not self._forward(fid):
-                        return
+                    live = kernel_fid if self._cell_fid is None else self._cell_fid
+                    watched = [live, *self._retired, self._wake_r]
+                ready = select.select(watched, [], [])[0]
+                if self._wake_r in ready:
+                    os.read(self._wake_r, 4096)
+                with self._pipe_lock:
+                    for fid in ready:
+                        if fid in self._retired:
+                            self._discard_late(fid)
+                            continue
+                        if fid != (kernel_fid if self._cell_fid is None else self._cell_fid):
+                            continue  # the wake pipe, or a pipe swapped meanwhile
+                        # A writer may have drained the pipe since select() said readable:
+                        # a blocking read would then hold the lock until the next byte came,
+                        # and the cell's end (which drains the pipe too) would wait for it
+                        # forever. Readable with nothing pending, under the lock, is the end
+                        # of file.
+                        if _pending_bytes(fid) == 0 and not select.select([fid], [], [], 0)[0]:
+                            continue
+                        if not self._forward(fid) and fid == kernel_fid:
+                            return
         except Exception:
             self._exc = sys.exc_info()
+
+    def _discard_late(self, fid: int) -> None:
+        """Read what a leftover child wrote to an ended cell's pipe: counted, dropped."""
+        data = os.read(fid, max(1, min(_pending_bytes(fid), STREAM_CHUNK_CHARS)))
+        if data:
+            cells.count_late(len(data))
+            return
+        self._retired.discard(fid)  # end of file: every writer is gone
+        os.close(fid)
 
     def _forward(self, fid: int) -> bool:
         """Read what is available (caller holds the lock); False at end of file."""
@@ -199,7 +293,7 @@ class BoundedOutStream(OutStream):
             return False
         text = self._decoder.decode(data)
         if text and self._should_watch:
-            self.write(text)
+            self._emit(text)  # never dropped as late: the writer was whoever drains
         return True
 
 
@@ -223,6 +317,10 @@ class _BytesToText(io.RawIOBase):
 
     def __del__(self) -> None:
         pass  # no flush when collected: see ChunkedStream.__del__
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "replace"))
 
 
 def _pending_bytes(fd: int) -> int:
