@@ -180,8 +180,8 @@ class ToolHost:
             except Exception as exc:
                 logger.warning("MCP server %s: listing tools failed: %s", config.name, exc)
                 continue
-            specs = [spec for spec, _info in tool_specs(config.name, tools, _not_connected)]
-            self.registry.set_server_tools(config.name, specs)
+            pairs, notes = tool_specs(config.name, tools, _not_connected)
+            self.registry.set_server_tools(config.name, [spec for spec, _info in pairs], notes)
             self._mcp_listed[config.name] = source.generation
 
     async def __aenter__(self) -> ToolHost:

@@ -63,6 +63,8 @@ class ToolRegistry:
         self.version = 0
         #: MCP servers (add_mcp_server) whose tools a tool host lists on first need.
         self._mcp_servers: dict[str, McpServerConfig] = {}
+        #: Per server: its upstream tools that are not offered, and why (set_server_tools).
+        self._notes: dict[str, tuple[str, ...]] = {}
 
     def register(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
         """Add ``spec``; raise ``ValueError`` if it is malformed or the name is taken.
@@ -163,8 +165,19 @@ class ToolRegistry:
         """The MCP servers added with :meth:`add_mcp_server`, in order."""
         return list(self._mcp_servers.values())
 
-    def set_server_tools(self, server: str, specs: Sequence[ToolSpec]) -> None:
-        """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others."""
+    def notes(self, server: str) -> tuple[str, ...]:
+        """What :meth:`set_server_tools` noted about ``server``'s tools not offered."""
+        return self._notes.get(server, ())
+
+    def set_server_tools(
+        self, server: str, specs: Sequence[ToolSpec], notes: Sequence[str] = ()
+    ) -> None:
+        """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others;
+        ``notes`` say which of the server's tools are not offered and why (tools.search()
+        lists them)."""
+        if tuple(notes) != self._notes.get(server, ()):
+            self._notes[server] = tuple(notes)
+            self.version += 1
         keep = {spec.name for spec in specs}
         for old in [n for n in self._specs if n.startswith(server + ".") and n not in keep]:
             del self._specs[old]

@@ -29,6 +29,10 @@ class ToolCall:
             (``tool`` is the identifier-safe ``"<server>.<tool>"``).
         notify: where a tool sends progress lines for the script's notify() stream (the
             bridge sets it; the notify caps apply). ``None``: progress is dropped.
+        result_limit: bytes of result this call may still return (what is left of the
+            run's ``max_rpc_result_bytes``; the bridge sets it). A tool that receives its
+            result in pieces (an MCP server's) stops when it is clearly passed; a bigger
+            result is refused anyway. ``None``: no limit known.
     """
 
     tool: str
@@ -39,6 +43,7 @@ class ToolCall:
     server: str | None = None
     server_tool: str | None = None
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    result_limit: int | None = None
 
     def __post_init__(self) -> None:
         # Accept a str cwd from callers; tools rely on it being a Path.

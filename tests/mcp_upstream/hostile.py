@@ -1,0 +1,85 @@
+"""A hostile upstream MCP server for the tests: ``python hostile.py [--http PORT]``.
+
+Its tool names attack the ``tools`` namespace (Python's class protocol, helper names,
+names that collide after mangling, unicode, empty, over-long), and ``big`` answers with as
+many MiB as asked, to test that upstream answers are bounded as they arrive.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from mcp.server.mcpserver import MCPServer
+
+server = MCPServer("hostile")
+
+#: Tool names that are offered (mapped to a safe attribute) or skipped with a note.
+NAMES = [
+    "__set_name__",
+    "__get__",
+    "__init_subclass__",
+    "__class_getitem__",
+    "__getattr__",
+    "__init__",
+    "__repr__",
+    "__class__",
+    "__dict__",
+    "__slots__",
+    "_repr_html_",
+    "__wrapped__",
+    "_members",
+    "mro",
+    "search",
+    "text",
+    "batch",
+    "tools",
+    "print",
+    "class",
+    "get-weather",
+    "get_weather",
+    "9lives",
+    "météo",
+    "日本語",
+    "x" * 200,
+    "---",
+]
+EMPTY = ""  # registered under a placeholder, renamed below (the SDK refuses "")
+
+
+def _answer(name: str):  # noqa: ANN202 - an MCP tool function
+    def tool() -> str:
+        return f"called {name}"
+
+    return tool
+
+
+for _name in NAMES:
+    server.add_tool(_answer(_name), name=_name, description=f"The tool {_name[:40]!r}.")
+server.add_tool(_answer(EMPTY), name="placeholder-empty", description="The empty name.")
+_tools = server._tool_manager._tools
+_tools[EMPTY] = _tools.pop("placeholder-empty")
+_tools[EMPTY].name = EMPTY
+
+
+@server.tool(description="Echo text back.")
+def echo(text: str) -> str:
+    return text
+
+
+@server.tool(description="Answer mib MiB of text.", structured_output=False)
+def big(mib: int) -> str:
+    return "x" * (mib * 1024 * 1024)
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--http"]:
+        import uvicorn
+
+        app = server.streamable_http_app()
+        uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
+    else:
+        server.run()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
