@@ -1,4 +1,4 @@
-"""A hostile upstream MCP server for the tests: ``python hostile.py [--http PORT]``.
+"""A hostile upstream MCP server for the tests: ``python hostile.py [--http PORT [--json]]``.
 
 Its tool names attack the ``tools`` namespace (Python's class protocol, helper names,
 names that collide after mangling, unicode, empty, over-long), and ``big`` answers with as
@@ -7,9 +7,13 @@ many MiB as asked, to test that upstream answers are bounded as they arrive.
 
 from __future__ import annotations
 
+import logging
 import sys
 
 from mcp.server.mcpserver import MCPServer
+
+# The SDK warns about every odd name at length; they are odd on purpose.
+logging.getLogger("mcp").setLevel(logging.ERROR)
 
 server = MCPServer("hostile")
 
@@ -46,7 +50,7 @@ NAMES = [
 EMPTY = ""  # registered under a placeholder, renamed below (the SDK refuses "")
 
 
-def _answer(name: str):  # noqa: ANN202 - an MCP tool function
+def _answer(name: str):
     def tool() -> str:
         return f"called {name}"
 
@@ -72,10 +76,10 @@ def big(mib: int) -> str:
 
 
 def main(argv: list[str]) -> None:
-    if argv[:1] == ["--http"]:
+    if argv[:1] == ["--http"]:  # --http PORT [--json]: JSON bodies instead of SSE
         import uvicorn
 
-        app = server.streamable_http_app()
+        app = server.streamable_http_app(json_response="--json" in argv)
         uvicorn.run(app, host="127.0.0.1", port=int(argv[1]), log_level="warning")
     else:
         server.run()
