@@ -72,9 +72,11 @@ SKIPPED = [
 ]
 
 
-def _stdio_registry(registry: ToolRegistry | None = None) -> ToolRegistry:
+def _stdio_registry(registry: ToolRegistry | None = None, *, plain: bool = False) -> ToolRegistry:
+    """The hostile server over stdio as ``h``; ``plain``: only its echo and big tools."""
     registry = registry if registry is not None else ToolRegistry()
-    registry.add_mcp_server("h", command=sys.executable, args=[HOSTILE])
+    args = [HOSTILE, "--plain"] if plain else [HOSTILE]
+    registry.add_mcp_server("h", command=sys.executable, args=args)
     return registry
 
 
@@ -91,9 +93,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(params=["json", "sse"])
-def http_hostile(request: pytest.FixtureRequest) -> Iterator[str]:
+def http_big(request: pytest.FixtureRequest) -> Iterator[str]:
     port = _free_port()
-    argv = [sys.executable, HOSTILE, "--http", str(port)]
+    argv = [sys.executable, HOSTILE, "--http", str(port), "--plain"]
     proc = subprocess.Popen(argv + (["--json"] if request.param == "json" else []))
     try:
         deadline = time.monotonic() + 30
@@ -230,13 +232,13 @@ async def _big_answer_is_stopped(registry: ToolRegistry, server: str) -> None:
 
 @pytest.mark.slow
 async def test_a_64_mib_stdio_answer_fails_fast_in_bounded_memory() -> None:
-    await _big_answer_is_stopped(_stdio_registry(), "h")
+    await _big_answer_is_stopped(_stdio_registry(plain=True), "h")
 
 
 @pytest.mark.slow
-async def test_a_64_mib_http_answer_fails_fast_in_bounded_memory(http_hostile: str) -> None:
+async def test_a_64_mib_http_answer_fails_fast_in_bounded_memory(http_big: str) -> None:
     registry = ToolRegistry()
-    registry.add_mcp_server("hh", url=http_hostile)
+    registry.add_mcp_server("hh", url=http_big)
     await _big_answer_is_stopped(registry, "hh")
 
 
@@ -276,11 +278,11 @@ async def _through_the_kernel(registry: ToolRegistry, server: str) -> None:
 
 @pytest.mark.slow
 async def test_a_64_mib_answer_through_the_kernel_stdio() -> None:
-    await _through_the_kernel(_stdio_registry(default_registry()), "h")
+    await _through_the_kernel(_stdio_registry(default_registry(), plain=True), "h")
 
 
 @pytest.mark.slow
-async def test_a_64_mib_answer_through_the_kernel_http(http_hostile: str) -> None:
+async def test_a_64_mib_answer_through_the_kernel_http(http_big: str) -> None:
     registry = default_registry()
-    registry.add_mcp_server("hh", url=http_hostile)
+    registry.add_mcp_server("hh", url=http_big)
     await _through_the_kernel(registry, "hh")

@@ -2,7 +2,8 @@
 
 Its tool names attack the ``tools`` namespace (Python's class protocol, helper names,
 names that collide after mangling, unicode, empty, over-long), and ``big`` answers with as
-many MiB as asked, to test that upstream answers are bounded as they arrive.
+many MiB as asked, to test that upstream answers are bounded as they arrive. ``--plain``
+offers only ``echo`` and ``big``.
 """
 
 from __future__ import annotations
@@ -57,12 +58,13 @@ def _answer(name: str):
     return tool
 
 
-for _name in NAMES:
-    server.add_tool(_answer(_name), name=_name, description=f"The tool {_name[:40]!r}.")
-server.add_tool(_answer(EMPTY), name="placeholder-empty", description="The empty name.")
-_tools = server._tool_manager._tools
-_tools[EMPTY] = _tools.pop("placeholder-empty")
-_tools[EMPTY].name = EMPTY
+if "--plain" not in sys.argv:  # --plain: only echo and big
+    for _name in NAMES:
+        server.add_tool(_answer(_name), name=_name, description=f"The tool {_name[:40]!r}.")
+    server.add_tool(_answer(EMPTY), name="placeholder-empty", description="The empty name.")
+    _tools = server._tool_manager._tools
+    _tools[EMPTY] = _tools.pop("placeholder-empty")
+    _tools[EMPTY].name = EMPTY
 
 
 @server.tool(description="Echo text back.")
