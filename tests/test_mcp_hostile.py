@@ -115,6 +115,15 @@ def http_big(request: pytest.FixtureRequest) -> Iterator[str]:
 # -- item 3: names ------------------------------------------------------------------------------
 
 
+def test_a_server_name_must_become_an_attribute() -> None:
+    registry = ToolRegistry()
+    with pytest.raises(ValueError, match="starts with '_'"):
+        registry.add_mcp_server("9x", command="cat")  # would be _9x: never an attribute
+    with pytest.raises(ValueError, match="starts with '_'"):
+        registry.add_mcp_server("__get__", command="cat")
+    registry.add_mcp_server("x9", command="cat")
+
+
 def test_tool_attribute_rules() -> None:
     # The collision of get-weather and get_weather is resolved by tool_specs, not here.
     expected = dict(MAPPED, get_weather="get_weather")
@@ -144,7 +153,7 @@ async def test_hostile_names_are_mapped_or_skipped_with_notes() -> None:
 
 
 _NAMES_SCRIPT = """
-import json
+import json, pydoc
 ns = tools.h
 out = {}
 out["class_attrs"] = sorted(
@@ -156,6 +165,7 @@ out["batch"] = batch([("h.get__", {}), ("h.echo", {"text": "b"})])
 out["skipped"] = [line for line in tools.search("") if line.startswith("skipped:")]
 out["found"] = list(tools.search("__set_name__"))
 out["protocol"] = [hasattr(ns, "__get__"), hasattr(ns, "__set_name__"), repr(ns), repr(tools)]
+out["help"] = pydoc.render_doc(ns, renderer=pydoc.plaintext)
 text(json.dumps(out))
 """
 
@@ -182,6 +192,7 @@ async def test_hostile_names_in_the_kernel_runs_still_finish() -> None:
             f"<tools.h: {len(MAPPED) + 2} tools; help() lists them>",
             f"<tools: {5 + len(MAPPED) + 2} tools; tools.search(query) finds them>",
         ]
+        assert "h.set_name__() — The tool '__set_name__'." in out["help"]
         # A run that only calls text() finishes too (a hostile name once hung every run).
         plain = await tool.run("text('only text')", timeout_ms=30_000)
         assert plain.content.splitlines()[-1] == "only text" and plain.details["exit_code"] == 0

@@ -13,6 +13,7 @@ Names (the contract between the registry, MCP tool sources and the kernel's help
   ``required``, ``param_types`` and ``defaults`` (which become the helper's real
   ``inspect.Signature``) and its ``description`` (its docstring; its first line is what
   ``tools.search`` shows).
+* No part of a name starts with ``_`` (Python's own names: ``__get__``, ``_repr_html_``).
 * Reserved: a top-level name or a server name may not shadow a Python builtin
   (``print``, ``open``, ...) or a name every script has (``text``, ``notify``, ``batch``,
   ``ToolError``, ``tools``); a server may not be named like one of the five default tools or
@@ -238,6 +239,13 @@ def _check_name(name: object) -> None:
         raise ValueError(
             "tool name must be a Python identifier or 'server.tool' (two identifiers joined "
             f"by one dot), got {name!r}"
+        )
+    underscored = [part for part in parts if str(part).startswith("_")]
+    if underscored:
+        raise ValueError(
+            f"tool name {name!r}: {underscored[0]!r} starts with '_', which only Python's own "
+            "names do (the tools namespace never offers one); choose a name starting with a "
+            "letter"
         )
     first = str(parts[0])
     if first in RESERVED_NAMES:
