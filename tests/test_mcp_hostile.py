@@ -141,7 +141,7 @@ async def test_hostile_names_are_mapped_or_skipped_with_notes() -> None:
     try:
         await host.prepare_tools()
         names = host.names()
-        assert names == [f"h.{attr}" for attr in MAPPED.values()] + ["h.echo", "h.big"]
+        assert names == [f"h.{attr}" for attr in MAPPED.values()] + ["h.echo", "h.big", "h.flood"]
         assert list(registry.notes("h")) == SKIPPED
         spec = registry.get("h.set_name__")
         assert spec is not None and spec.mcp is not None and spec.mcp.tool == "__set_name__"
@@ -189,8 +189,8 @@ async def test_hostile_names_in_the_kernel_runs_still_finish() -> None:
         assert out["protocol"] == [
             False,
             False,
-            f"<tools.h: {len(MAPPED) + 2} tools; help() lists them>",
-            f"<tools: {5 + len(MAPPED) + 2} tools; tools.search(query) finds them>",
+            f"<tools.h: {len(MAPPED) + 3} tools; help() lists them>",
+            f"<tools: {5 + len(MAPPED) + 3} tools; tools.search(query) finds them>",
         ]
         assert "h.set_name__() — The tool '__set_name__'." in out["help"]
         # A run that only calls text() finishes too (a hostile name once hung every run).
@@ -251,6 +251,32 @@ async def test_a_64_mib_http_answer_fails_fast_in_bounded_memory(http_big: str) 
     registry = ToolRegistry()
     registry.add_mcp_server("hh", url=http_big)
     await _big_answer_is_stopped(registry, "hh")
+
+
+@pytest.mark.slow
+async def test_a_stdio_server_that_floods_is_cut_off_and_restarted() -> None:
+    """Bytes without end (no newline): the call fails at the cap, the host drains a bounded
+    amount more, then stops reading; the next calls get a restarted server."""
+    host = ToolHost(_stdio_registry(plain=True))
+    try:
+        await host.prepare_tools()
+        baseline = _rss()
+        _reset_peak_rss()
+        started = time.monotonic()
+        with pytest.raises(ToolFailure, match=r"h\.flood failed: its answer passed \d+ bytes"):
+            await host.invoke(_call("h.flood", MIB))
+        assert time.monotonic() - started < 15
+        answers = []
+        for _ in range(3):  # a call made while the flood is still drained may fail with it
+            try:
+                answers.append(await host.invoke(_call("h.echo", text="back")))
+                break
+            except ToolFailure as exc:
+                assert "closed the connection" in str(exc), exc
+        assert answers == ["back"]
+        assert _peak_rss() - baseline < MIB + 32 * MIB
+    finally:
+        await host.aclose()
 
 
 _BIG_SCRIPT = """

@@ -8,7 +8,10 @@ answers fails at once with an error naming the limit, the rest of the message is
 unread into memory, and the connection stays usable.
 
 * stdio: :func:`bounded_stdio_client`, the SDK's stdio transport with its reader replaced
-  (the process start and the shutdown sequence are the SDK's own functions).
+  (the process start and the shutdown sequence are the SDK's own functions). A stopped
+  line whose start names no request in flight (garbage on the wire), or one still running
+  ``DRAIN_LIMIT`` bytes past its cap, ends the connection instead: every call in flight
+  fails, and the next call restarts the server.
 * streamable HTTP: :func:`bounded_http_client`, an ``httpx2.AsyncClient`` whose POST
   response bodies stop at ``cap()`` bytes; the SDK turns the error into the request's
   JSON-RPC error. Server-initiated events (the GET stream) keep the SDK's per-event cap.
@@ -19,7 +22,7 @@ from __future__ import annotations
 import re
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import Any
 
 import anyio
@@ -30,7 +33,7 @@ __all__ = ["TOO_LARGE_CODE", "bounded_http_client", "bounded_stdio_client", "too
 #: The JSON-RPC error code of a message stopped at its cap (implementation-defined range).
 TOO_LARGE_CODE = -32099
 #: After a message passed its cap, this much more of it is read and dropped; a server still
-#: sending then is disconnected (restarted on the next call) rather than drained forever.
+#: sending then is no longer read (it blocks on its pipe) and is restarted on the next call.
 DRAIN_LIMIT = 256 * 1024 * 1024
 #: The part of a stopped message searched for the id of the request it answers.
 _HEAD = 4096
@@ -44,18 +47,17 @@ def too_large(cap: int) -> str:
     )
 
 
-def _request_ids(head: bytes, in_flight: set[Any]) -> list[Any]:
-    """The in-flight request(s) a stopped message answers: its id, else all of them."""
+def _request_id(head: bytes, in_flight: set[Any]) -> Any:
+    """The in-flight request a stopped message answers, by the id near its start, or None."""
     match = _ID.search(head)
-    if match is not None:
-        raw = match.group(1)
-        try:
-            rid: Any = int(raw) if raw[:1] != b'"' else raw[1:-1].decode()
-        except ValueError:
-            rid = None
-        if rid in in_flight:
-            return [rid]
-    return list(in_flight)
+    if match is None:
+        return None
+    raw = match.group(1)
+    try:
+        rid: Any = int(raw) if raw[:1] != b'"' else raw[1:-1].decode()
+    except ValueError:
+        return None
+    return rid if rid in in_flight else None
 
 
 @asynccontextmanager
@@ -81,7 +83,7 @@ async def bounded_stdio_client(
     read_writer, read_stream = anyio.create_memory_object_stream[Any](0)
     write_stream, write_reader = anyio.create_memory_object_stream[Any](0)
     in_flight: set[Any] = set()  # ids of requests sent and not answered
-    state = {"shutting_down": False}
+    state = {"shutting_down": False, "abandoned": False}
     writer_done = anyio.Event()
 
     async def deliver(line: bytes) -> None:
@@ -94,13 +96,27 @@ async def bounded_stdio_client(
             in_flight.discard(message.id)
         await read_writer.send(SessionMessage(message))
 
-    async def refuse(head: bytes, limit: int) -> None:
-        for rid in _request_ids(head, in_flight):
-            in_flight.discard(rid)
+    async def refuse(head: bytes, limit: int) -> bool:
+        """Fail the request a stopped message answers; False when it answers none known
+        (then every request in flight fails, and the stream is not to be trusted)."""
+        rid = _request_id(head, in_flight)
+        for rid_ in [rid] if rid is not None else list(in_flight):
+            in_flight.discard(rid_)
             error = types.ErrorData(code=TOO_LARGE_CODE, message=too_large(limit))
             await read_writer.send(
-                SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=rid, error=error))
+                SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=rid_, error=error))
             )
+        return rid is not None
+
+    async def abandon() -> None:
+        """Stop reading a server that sends what answers nothing (or without end): the
+        session sees the connection end, and the next call restarts the server."""
+        state["abandoned"] = True
+        await read_writer.aclose()
+        # Its writes now fail (EPIPE) instead of blocking, so it can stop when asked to.
+        if process.stdout is not None:
+            with suppress(Exception):
+                await process.stdout.aclose()
 
     async def stdout_reader() -> None:
         assert process.stdout is not None
@@ -119,7 +135,7 @@ async def bounded_stdio_client(
                             if dropped >= 0:
                                 dropped += len(piece)
                                 if dropped > DRAIN_LIMIT:
-                                    return  # the session sees the connection end
+                                    return await abandon()
                             else:
                                 if len(head) < _HEAD:
                                     head += piece[: _HEAD - len(head)]
@@ -127,7 +143,8 @@ async def bounded_stdio_client(
                                 if size + len(piece) > limit:
                                     pieces.clear()
                                     dropped = size + len(piece)
-                                    await refuse(head, limit)
+                                    if not await refuse(head, limit):
+                                        return await abandon()
                                 else:
                                     pieces.append(piece)
                                     size += len(piece)
@@ -141,7 +158,8 @@ async def bounded_stdio_client(
                 except (anyio.ClosedResourceError, anyio.BrokenResourceError):
                     return  # the session is gone
                 finally:
-                    await sdk._drain_stdout(process)
+                    if not state["abandoned"]:
+                        await sdk._drain_stdout(process)
         except anyio.ClosedResourceError:
             pass  # our own shutdown closed stdout under the read
         except (anyio.BrokenResourceError, ConnectionError):

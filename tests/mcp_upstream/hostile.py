@@ -1,14 +1,15 @@
 """A hostile upstream MCP server for the tests: ``python hostile.py [--http PORT [--json]]``.
 
 Its tool names attack the ``tools`` namespace (Python's class protocol, helper names,
-names that collide after mangling, unicode, empty, over-long), and ``big`` answers with as
-many MiB as asked, to test that upstream answers are bounded as they arrive. ``--plain``
-offers only ``echo`` and ``big``.
+names that collide after mangling, unicode, empty, over-long); ``big`` answers with as many
+MiB as asked and ``flood`` writes without end on the stdio wire, to test that upstream
+answers are bounded as they arrive. ``--plain`` offers only ``echo``, ``big`` and ``flood``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from mcp.server.mcpserver import MCPServer
@@ -75,6 +76,18 @@ def echo(text: str) -> str:
 @server.tool(description="Answer mib MiB of text.", structured_output=False)
 def big(mib: int) -> str:
     return "x" * (mib * 1024 * 1024)
+
+
+#: The stdio wire, duplicated before the SDK diverts fd 1 to stderr (over HTTP: unused).
+WIRE = os.dup(1)
+
+
+@server.tool(description="Write bytes without end on the stdio wire, bypassing the protocol.")
+def flood() -> str:
+    chunk = b"y" * (1024 * 1024)
+    for _ in range(4096):  # 4 GiB at most, should the reader never stop
+        os.write(WIRE, chunk)
+    return "flooded"
 
 
 def main(argv: list[str]) -> None:
