@@ -117,7 +117,7 @@ def attribute_name(name: str) -> bool:
 
     Names with a leading underscore are Python's and its tools' (``__get__``,
     ``_repr_html_``, ``__wrapped__``: pydoc, IPython and copy probe instances for them), so
-    no tool answers to one; hosts map upstream names to names without one (docs/mcp.md).
+    no tool answers to one; hosts map upstream names to names without one (docs/tools.md).
     """
     return name.isidentifier() and not name.startswith("_") and not keyword.iskeyword(name)
 

@@ -236,14 +236,14 @@ class McpSource:
         try:
             result = await client.call_tool(info.tool, args, progress_callback=progress)
         except MCPError as exc:
-            if not self._alive():
-                raise ToolFailure(
-                    f"{label} failed: MCP server {info.server!r} closed the connection "
-                    "(it is restarted on the next call)"
-                ) from None
             message = str(exc)
             if TOO_LARGE_TEXT in message:  # the SDK may have prefixed it (HTTP)
                 message = message[message.index(TOO_LARGE_TEXT) :]
+            elif not self._alive():
+                message = (
+                    f"MCP server {info.server!r} closed the connection "
+                    "(it is restarted on the next call)"
+                )
             raise ToolFailure(f"{label} failed: {message}") from None
         finally:
             del self._caps[token]
