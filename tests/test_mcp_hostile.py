@@ -166,6 +166,7 @@ out["skipped"] = [line for line in tools.search("") if line.startswith("skipped:
 out["found"] = list(tools.search("__set_name__"))
 out["protocol"] = [hasattr(ns, "__get__"), hasattr(ns, "__set_name__"), repr(ns), repr(tools)]
 out["help"] = pydoc.render_doc(ns, renderer=pydoc.plaintext)
+out["help_tools"] = pydoc.render_doc(tools, renderer=pydoc.plaintext)
 text(json.dumps(out))
 """
 
@@ -193,6 +194,7 @@ async def test_hostile_names_in_the_kernel_runs_still_finish() -> None:
             f"<tools: {5 + len(MAPPED) + 3} tools; tools.search(query) finds them>",
         ]
         assert "h.set_name__() — The tool '__set_name__'." in out["help"]
+        assert "4 upstream tools not offered: tools.search('skipped')" in out["help_tools"]
         # A run that only calls text() finishes too (a hostile name once hung every run).
         plain = await tool.run("text('only text')", timeout_ms=30_000)
         assert plain.content.splitlines()[-1] == "only text" and plain.details["exit_code"] == 0

@@ -227,6 +227,9 @@ def build_namespace(functions: Mapping[str, Callable[..., str]], notes: Iterable
         *(listing_line(name, func) for name, func in top.items()),
         *(f"tools.{server}: {len(tools)} tools" for server, tools in servers.items()),
     ]
+    skipped = len(entries) - len(functions)
+    if skipped:
+        lines.append(f"{skipped} upstream tools not offered: tools.search('skipped') lists them")
     # A class per object only for help(): its docstring; its attributes are fixed.
     cls = type("tools", (_Tools,), {"__doc__": "\n".join(lines), "__slots__": ()})
     cls.__module__ = "tools"
