@@ -24,7 +24,7 @@ import pytest
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.errors import ToolFailure
 from lemon_exec.tools import ToolCall, ToolHost, ToolRegistry, default_registry
-from lemon_exec.tools._mcp_source import tool_attribute
+from lemon_exec.tools._mcp_source import LIST_TIMEOUT_S, tool_attribute
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
@@ -277,6 +277,24 @@ async def test_a_stdio_server_that_floods_is_cut_off_and_restarted() -> None:
                 assert "closed the connection" in str(exc), exc
         assert answers == ["back"]
         assert _peak_rss() - baseline < MIB + 32 * MIB
+    finally:
+        await host.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["--slow-listing", "--endless-listing"])
+async def test_a_listing_that_does_not_end_costs_one_bounded_wait(mode: str) -> None:
+    registry = ToolRegistry()
+    registry.add_mcp_server("h", command=sys.executable, args=[HOSTILE, "--plain", mode])
+    host = ToolHost(registry)
+    try:
+        started = time.monotonic()
+        await host.prepare_tools()  # connects, then gives up on the listing
+        assert time.monotonic() - started < LIST_TIMEOUT_S + 30  # + the server's start
+        assert host.names() == []
+        started = time.monotonic()
+        await host.prepare_tools()  # the same connection: not waited on again
+        assert time.monotonic() - started < LIST_TIMEOUT_S / 2
     finally:
         await host.aclose()
 

@@ -26,7 +26,7 @@ from typing import Any
 from lemon_exec.errors import ToolDenied, ToolFailure
 
 from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
-from ._mcp_source import McpSource, tool_specs
+from ._mcp_source import ListingFailure, McpSource, tool_specs
 from ._registry import ToolRegistry, _not_connected
 from ._types import ToolCall, ToolSpec
 from ._validate import validate_params
@@ -177,6 +177,10 @@ class ToolHost:
                 continue
             try:
                 tools = await source.list_tools()
+            except ListingFailure as exc:  # connected but not listing: not waited on again
+                logger.warning("MCP server %s: %s", config.name, exc)
+                self._mcp_listed[config.name] = source.generation
+                continue
             except Exception as exc:
                 logger.warning("MCP server %s: listing tools failed: %s", config.name, exc)
                 continue

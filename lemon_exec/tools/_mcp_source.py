@@ -45,6 +45,10 @@ UNLIMITED_CALL_CAP = 64 * 1024 * 1024
 #: One server-sent event (HTTP); POST bodies are bounded per call instead.
 SSE_EVENT_CAP = 16 * 1024 * 1024
 
+#: Seconds a connected server has to list its tools, and the most pages it may take.
+LIST_TIMEOUT_S = 10.0
+MAX_LIST_PAGES = 100
+
 #: JSON schema ``type`` -> the Python types the host accepts for it.
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
@@ -69,6 +73,11 @@ def identifier(name: str) -> str:
     if keyword.iskeyword(out):
         out += "_"
     return out
+
+
+class ListingFailure(ToolFailure):
+    """A connected server did not finish listing its tools (too slow, or pages without
+    end); the host does not ask it again until the connection is made anew."""
 
 
 @dataclass(frozen=True)
@@ -209,16 +218,28 @@ class McpSource:
     # -- tools --------------------------------------------------------------------------------
 
     async def list_tools(self) -> list[Any]:
-        """The server's tools (``mcp_types.Tool``), all pages."""
+        """The server's tools (``mcp_types.Tool``), all pages.
+
+        Raises :class:`ListingFailure` when the connected server does not finish its
+        listing within ``LIST_TIMEOUT_S`` or ``MAX_LIST_PAGES`` pages.
+        """
         client = await self.client()
         tools: list[Any] = []
         cursor: str | None = None
-        while True:
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
+        name = self.config.name
+        try:
+            async with asyncio.timeout(LIST_TIMEOUT_S):
+                for _page in range(MAX_LIST_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        return tools
+        except TimeoutError:
+            raise ListingFailure(
+                f"MCP server {name!r} did not list its tools within {LIST_TIMEOUT_S:g} s"
+            ) from None
+        raise ListingFailure(f"MCP server {name!r} listed more than {MAX_LIST_PAGES} pages")
 
     async def call(self, info: McpToolInfo, params: Mapping[str, Any], call: ToolCall) -> str:
         """Call the upstream tool; the text the script gets (JSON for structured results)."""

@@ -11,13 +11,29 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
+import anyio
 from mcp.server.mcpserver import MCPServer
 
 # The SDK warns about every odd name at length; they are odd on purpose.
 logging.getLogger("mcp").setLevel(logging.ERROR)
 
-server = MCPServer("hostile")
+
+class _Hostile(MCPServer):
+    """``--slow-listing``: tools/list never answers; ``--endless-listing``: every page
+    names a next one."""
+
+    async def _handle_list_tools(self, ctx: Any, params: Any) -> Any:
+        if "--slow-listing" in sys.argv:
+            await anyio.sleep(3600)
+        result = await super()._handle_list_tools(ctx, params)
+        if "--endless-listing" in sys.argv:
+            result = result.model_copy(update={"next_cursor": "again"})
+        return result
+
+
+server = _Hostile("hostile")
 
 #: Tool names that are offered (mapped to a safe attribute) or skipped with a note.
 NAMES = [
