@@ -27,6 +27,8 @@ def _extra_lines(tools: Sequence[Mapping[str, Any]]) -> list[str]:
     lines: list[str] = []
     servers: dict[str, int] = {}
     for spec in tools:
+        if "note" in spec:  # an upstream tool not offered: tools.search() lists the note
+            continue
         name = str(spec.get("name"))
         if "." in name:
             server = name.split(".", 1)[0]

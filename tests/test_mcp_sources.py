@@ -71,7 +71,7 @@ async def host() -> AsyncIterator[ToolHost]:
 
 def test_identifier() -> None:
     assert identifier("get-weather") == "get_weather"
-    assert identifier("9lives") == "_9lives"
+    assert identifier("9lives") == "_9lives"  # server and argument names
     assert identifier("class") == "class_"
     assert identifier("ok") == "ok"
 

@@ -187,7 +187,12 @@ class HostBridge:
             return
         self.stats.tools.add(tool)
         call = ToolCall(
-            tool=tool, params=params, cwd=self._cwd, call_id=call_id, notify=self._emit_notify
+            tool=tool,
+            params=params,
+            cwd=self._cwd,
+            call_id=call_id,
+            notify=self._emit_notify,
+            result_limit=max(0, self._limits.max_result_bytes - self.stats.result_bytes),
         )
         spec = self._tool_host.registry.get(tool)
         is_mcp = spec is not None and spec.mcp is not None

@@ -125,8 +125,9 @@ def _call_registered(tool: str, params: dict[str, Any]) -> str:
     return _send(bridge, tool, params)
 
 
-#: The registered tools beyond the five, built once per digest: (digest, name -> function).
-_extras: tuple[str | None, dict[str, Callable[..., str]]] = (None, {})
+#: The registered tools beyond the five, built once per digest: (digest, name -> function,
+#: notes on upstream tools the host could not offer).
+_extras: tuple[str | None, dict[str, Callable[..., str]], list[str]] = (None, {}, [])
 #: The ``tools`` object of the last install(), keyed by what it was built from.
 _tools_cache: tuple[tuple[Any, ...], Any] | None = None
 #: Top-level names install() put into the namespace for registered tools (removed when gone).
@@ -253,13 +254,17 @@ def install(
     """
     global _extras, _tools_cache
     names = HELPER_NAMES if enabled is None else tuple(n for n in HELPER_NAMES if n in enabled)
+    notes: list[str] = []
+    if tool_specs is not None:
+        tool_specs = list(tool_specs)
     if tools_digest is None:
         extras: dict[str, Callable[..., str]] = {}
     elif tool_specs is not None:
         extras = tools_namespace.build_functions(tool_specs, _call_registered)
-        _extras = (tools_digest, extras)
+        notes = tools_namespace.spec_notes(tool_specs)
+        _extras = (tools_digest, extras, notes)
     elif _extras[0] == tools_digest:
-        extras = _extras[1]
+        extras, notes = _extras[1], _extras[2]
     else:
         raise ToolSetupError(
             f"the cell setup names registered tools (digest {tools_digest}) this kernel never "
@@ -270,7 +275,7 @@ def install(
     _enabled.update(extras)
     key = (names, tools_digest)
     if _tools_cache is None or _tools_cache[0] != key:
-        _tools_cache = (key, tools_namespace.build_namespace(_enabled))
+        _tools_cache = (key, tools_namespace.build_namespace(_enabled, notes))
     namespace.update(
         {
             "ToolError": ToolError,

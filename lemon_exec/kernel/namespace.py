@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import keyword
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -111,27 +112,79 @@ class SearchResults(list[str]):
         return "\n".join(self) if self else "(no matching tools)"
 
 
-class _ServerBase:
+def attribute_name(name: str) -> bool:
+    """Whether ``name`` may be looked up as an attribute of the namespace objects.
+
+    Names with a leading underscore are Python's and its tools' (``__get__``,
+    ``_repr_html_``, ``__wrapped__``: pydoc, IPython and copy probe instances for them), so
+    no tool answers to one; hosts map upstream names to names without one (docs/tools.md).
+    """
+    return name.isidentifier() and not name.startswith("_") and not keyword.iskeyword(name)
+
+
+class _Lookup:
+    """Tools as attributes, by explicit lookup in an instance dict.
+
+    The class never gets an attribute from tool data: Python consults class attributes
+    implicitly (``__set_name__``, ``__get__``, ``__init_subclass__``, ...), so tool names
+    live in ``_members`` and are found by :meth:`__getattr__`, which Python calls only for
+    names the class itself does not have.
+    """
+
+    __slots__ = ("_members",)
+    _members: dict[str, Any]
+
+    def __init__(self, members: Mapping[str, Any]) -> None:
+        members = {k: v for k, v in members.items() if attribute_name(k)}
+        object.__setattr__(self, "_members", members)
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("_"):  # never answers for Python's own names (or its slots)
+            members = object.__getattribute__(self, "_members")
+            if name in members:
+                return members[name]
+        raise AttributeError(f"no tool {name!r} here; tools.search() lists the tools")
+
+    def __dir__(self) -> list[str]:
+        return sorted({*super().__dir__(), *self._members})
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("the tools namespace is read-only")
+
+
+class _Server(_Lookup):
     """A tool server's tools, as attributes."""
 
-    __slots__ = ()  # keeps help() to the tools (no __dict__ / __weakref__ entries)
-    _tools = {}  # type: ignore[var-annotated]  # (set per server; unannotated for help())
+    __slots__ = ("_server",)
+    _server: str
+
+    def __init__(self, server: str, tools: Mapping[str, Callable[..., str]]) -> None:
+        object.__setattr__(self, "_server", server)
+        super().__init__(tools)
 
     def __repr__(self) -> str:
-        return f"<tools.{type(self).__name__}: {len(self._tools)} tools; help() lists them>"
+        return f"<tools.{self._server}: {len(self._members)} tools; help() lists them>"
 
 
-class _ToolsBase:
+class _Tools(_Lookup):
     """Every tool this script can call; ``tools.search(query)`` finds them by keyword."""
 
-    __slots__ = ()
-    _entries = []  # type: ignore[var-annotated]  # (name, listing line, lower-cased haystack)
+    __slots__ = ("_entries",)
+    #: (name, listing line, lower-cased haystack); a note has no name.
+    _entries: list[tuple[str | None, str, str]]
+
+    def __init__(
+        self, members: Mapping[str, Any], entries: list[tuple[str | None, str, str]]
+    ) -> None:
+        object.__setattr__(self, "_entries", entries)
+        super().__init__(members)
 
     def search(self, query: str = "") -> SearchResults:
         """Tools whose name or description contains every word of ``query`` (any case).
 
         Each match is ``name(signature) — first line of its description``; an empty query
         lists every tool. Call a match by that name (``tools.gh.search_issues(...)``).
+        Upstream tools that could not be offered are listed as notes (``skipped: ...``).
         """
         words = str(query).lower().split()
         return SearchResults(
@@ -139,14 +192,18 @@ class _ToolsBase:
         )
 
     def __repr__(self) -> str:
-        return f"<tools: {len(self._entries)} tools; tools.search(query) finds them>"
+        count = sum(1 for name, _line, _hay in self._entries if name is not None)
+        return f"<tools: {count} tools; tools.search(query) finds them>"
 
 
-def build_namespace(functions: Mapping[str, Callable[..., str]]) -> Any:
-    """The ``tools`` object over ``functions`` (registered name -> function), in that order."""
+def build_namespace(functions: Mapping[str, Callable[..., str]], notes: Iterable[str] = ()) -> Any:
+    """The ``tools`` object over ``functions`` (registered name -> function), in that order.
+
+    ``notes`` (upstream tools the host could not offer, and why) are listed by search().
+    """
     top: dict[str, Callable[..., str]] = {}
     servers: dict[str, dict[str, Callable[..., str]]] = {}
-    entries: list[tuple[str, str, str]] = []
+    entries: list[tuple[str | None, str, str]] = []
     for name, func in functions.items():
         line = listing_line(name, func)
         entries.append((name, line, f"{name} {func.__doc__ or ''}".lower()))
@@ -155,12 +212,14 @@ def build_namespace(functions: Mapping[str, Callable[..., str]]) -> Any:
             servers.setdefault(server, {})[tool] = func
         else:
             top[name] = func
+    for note in notes:
+        line = f"skipped: {note}"
+        entries.append((None, line, line.lower()))
     # A tool named like the namespace's own attributes (search) stays a top-level name only.
-    attrs: dict[str, Any] = {
-        name: staticmethod(func) for name, func in top.items() if not hasattr(_ToolsBase, name)
-    }
+    members: dict[str, Any] = {name: func for name, func in top.items() if name != "search"}
     for server, tools in servers.items():
-        attrs[server] = _server(server, tools)
+        if server not in members:
+            members[server] = _server(server, tools)
     lines = [
         "Every tool this script can call. tools.search('keyword') lists matching tools;",
         "help(tools.<server>) lists a server's tools.",
@@ -168,24 +227,22 @@ def build_namespace(functions: Mapping[str, Callable[..., str]]) -> Any:
         *(listing_line(name, func) for name, func in top.items()),
         *(f"tools.{server}: {len(tools)} tools" for server, tools in servers.items()),
     ]
-    doc = "\n".join(lines)
-    cls = type(
-        "tools", (_ToolsBase,), {**attrs, "__doc__": doc, "_entries": entries, "__slots__": ()}
-    )
+    skipped = len(entries) - len(functions)
+    if skipped:
+        lines.append(f"{skipped} upstream tools not offered: tools.search('skipped') lists them")
+    # A class per object only for help(): its docstring; its attributes are fixed.
+    cls = type("tools", (_Tools,), {"__doc__": "\n".join(lines), "__slots__": ()})
     cls.__module__ = "tools"
-    return cls()
+    return cls(members, entries)
 
 
 def _server(server: str, tools: dict[str, Callable[..., str]]) -> Any:
     lines = [f"The {len(tools)} tools of server {server!r}; call tools.{server}.<tool>(...).", ""]
     lines += [listing_line(f"{server}.{name}", func) for name, func in tools.items()]
-    attrs: dict[str, Any] = {
-        name: staticmethod(func) for name, func in tools.items() if not hasattr(_ServerBase, name)
-    }
-    doc = "\n".join(lines)
-    cls = type(server, (_ServerBase,), {**attrs, "__doc__": doc, "_tools": tools, "__slots__": ()})
+    cls = type("server", (_Server,), {"__doc__": "\n".join(lines), "__slots__": ()})
+    cls.__qualname__ = f"tools.{server}"
     cls.__module__ = "tools"
-    return cls()
+    return cls(server, tools)
 
 
 def build_functions(
@@ -194,8 +251,15 @@ def build_functions(
     """Registered name -> function for each spec; a spec that cannot be built is left out."""
     functions: dict[str, Callable[..., str]] = {}
     for spec in specs:
+        if "note" in spec:
+            continue
         try:
             functions[str(spec["name"])] = build_function(spec, caller)
         except (KeyError, TypeError, ValueError):
             continue  # a malformed spec from the host: that tool is simply absent
     return functions
+
+
+def spec_notes(specs: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The notes among the specs: upstream tools the host could not offer, and why."""
+    return [str(spec["note"]) for spec in specs if "note" in spec]

@@ -28,7 +28,7 @@ from typing import Any
 from lemon_exec.errors import ToolDenied, ToolFailure
 
 from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
-from ._mcp_source import McpSource, tool_specs
+from ._mcp_source import ListingFailure, McpSource, tool_specs
 from ._paths import resolve
 from ._registry import ToolRegistry, _not_connected
 from ._types import ToolCall, ToolSpec
@@ -180,11 +180,15 @@ class ToolHost:
                 continue
             try:
                 tools = await source.list_tools()
+            except ListingFailure as exc:  # connected but not listing: not waited on again
+                logger.warning("MCP server %s: %s", config.name, exc)
+                self._mcp_listed[config.name] = source.generation
+                continue
             except Exception as exc:
                 logger.warning("MCP server %s: listing tools failed: %s", config.name, exc)
                 continue
-            specs = [spec for spec, _info in tool_specs(config.name, tools, _not_connected)]
-            self.registry.set_server_tools(config.name, specs)
+            pairs, notes = tool_specs(config.name, tools, _not_connected)
+            self.registry.set_server_tools(config.name, [spec for spec, _info in pairs], notes)
             self._mcp_listed[config.name] = source.generation
 
     async def __aenter__(self) -> ToolHost:

@@ -22,9 +22,10 @@ from typing import Any
 
 from lemon_exec.errors import ToolFailure
 
+from ._mcp_bounded import bounded_http_client, bounded_stdio_client, too_large
 from ._types import McpToolInfo, ToolCall, ToolSpec
 
-__all__ = ["McpServerConfig", "McpSource", "identifier", "tool_specs"]
+__all__ = ["McpServerConfig", "McpSource", "identifier", "tool_attribute", "tool_specs"]
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,21 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
 #: Seconds a closing connection gets to end its server before its task is cancelled.
 CLOSE_GRACE_S = 5.0
+
+# Bounds on one upstream message while it arrives (_mcp_bounded.py). A call's answer may
+# hold its result twice (text and structured content) plus JSON escaping: it may be twice
+# the call's result limit plus a margin; past that it cannot fit and is stopped.
+MESSAGE_MARGIN = 1024 * 1024
+#: A message while no call with a known limit is in flight (the handshake, tool listings).
+LISTING_CAP = 8 * 1024 * 1024
+#: A call without a result limit (a ToolHost used without a bridge).
+UNLIMITED_CALL_CAP = 64 * 1024 * 1024
+#: One server-sent event (HTTP); POST bodies are bounded per call instead.
+SSE_EVENT_CAP = 16 * 1024 * 1024
+
+#: Seconds a connected server has to list its tools, and the most pages it may take.
+LIST_TIMEOUT_S = 10.0
+MAX_LIST_PAGES = 100
 
 #: JSON schema ``type`` -> the Python types the host accepts for it.
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -44,6 +60,10 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+#: The words every "message too large" error carries (see _mcp_bounded.too_large).
+TOO_LARGE_TEXT = too_large(0).split(" 0 ")[0]
+
+
 def identifier(name: str) -> str:
     """``name`` made a Python identifier: other characters -> ``_``, a leading digit
     prefixed with ``_``, a keyword suffixed with ``_``."""
@@ -53,6 +73,11 @@ def identifier(name: str) -> str:
     if keyword.iskeyword(out):
         out += "_"
     return out
+
+
+class ListingFailure(ToolFailure):
+    """A connected server did not finish listing its tools (too slow, or pages without
+    end); the host does not ask it again until the connection is made anew."""
 
 
 @dataclass(frozen=True)
@@ -92,6 +117,12 @@ class McpSource:
         #: Connections made so far; the host re-lists the tools when it changes.
         self.generation = 0
         self._closed = False
+        #: Message caps of the calls in flight, by call.
+        self._caps: dict[object, int] = {}
+
+    def message_cap(self) -> int:
+        """Bytes one upstream message may reach before it is stopped (see _mcp_bounded)."""
+        return max(self._caps.values()) if self._caps else LISTING_CAP
 
     # -- connection ---------------------------------------------------------------------------
 
@@ -146,7 +177,8 @@ class McpSource:
 
         try:
             async with contextlib.AsyncExitStack() as stack:
-                client = await stack.enter_async_context(Client(await _target(self.config, stack)))
+                target = await _target(self.config, stack, self.message_cap)
+                client = await stack.enter_async_context(Client(target))
                 self._client = client
                 ready.set_result(None)
                 await stop.wait()
@@ -186,16 +218,28 @@ class McpSource:
     # -- tools --------------------------------------------------------------------------------
 
     async def list_tools(self) -> list[Any]:
-        """The server's tools (``mcp_types.Tool``), all pages."""
+        """The server's tools (``mcp_types.Tool``), all pages.
+
+        Raises :class:`ListingFailure` when the connected server does not finish its
+        listing within ``LIST_TIMEOUT_S`` or ``MAX_LIST_PAGES`` pages.
+        """
         client = await self.client()
         tools: list[Any] = []
         cursor: str | None = None
-        while True:
-            page = await client.list_tools(cursor=cursor)
-            tools.extend(page.tools)
-            cursor = page.next_cursor
-            if not cursor:
-                return tools
+        name = self.config.name
+        try:
+            async with asyncio.timeout(LIST_TIMEOUT_S):
+                for _page in range(MAX_LIST_PAGES):
+                    page = await client.list_tools(cursor=cursor)
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        return tools
+        except TimeoutError:
+            raise ListingFailure(
+                f"MCP server {name!r} did not list its tools within {LIST_TIMEOUT_S:g} s"
+            ) from None
+        raise ListingFailure(f"MCP server {name!r} listed more than {MAX_LIST_PAGES} pages")
 
     async def call(self, info: McpToolInfo, params: Mapping[str, Any], call: ToolCall) -> str:
         """Call the upstream tool; the text the script gets (JSON for structured results)."""
@@ -205,15 +249,25 @@ class McpSource:
         args = {info.arg_names.get(k, k): v for k, v in params.items() if v is not None}
         client = await self.client()
         progress = _progress_callback(call.notify) if call.notify is not None else None
+        limit = call.result_limit
+        token = object()
+        self._caps[token] = (
+            UNLIMITED_CALL_CAP if limit is None else 2 * max(0, limit) + MESSAGE_MARGIN
+        )
         try:
             result = await client.call_tool(info.tool, args, progress_callback=progress)
         except MCPError as exc:
-            if not self._alive():
-                raise ToolFailure(
-                    f"{label} failed: MCP server {info.server!r} closed the connection "
+            message = str(exc)
+            if TOO_LARGE_TEXT in message:  # the SDK may have prefixed it (HTTP)
+                message = message[message.index(TOO_LARGE_TEXT) :]
+            elif not self._alive():
+                message = (
+                    f"MCP server {info.server!r} closed the connection "
                     "(it is restarted on the next call)"
-                ) from None
-            raise ToolFailure(f"{label} failed: {exc}") from None
+                )
+            raise ToolFailure(f"{label} failed: {message}") from None
+        finally:
+            del self._caps[token]
         return result_text(result, info, label)
 
 
@@ -256,25 +310,26 @@ def _progress_callback(notify: Callable[[str], None]) -> Any:
     return on_progress
 
 
-async def _target(config: McpServerConfig, stack: contextlib.AsyncExitStack) -> Any:
-    """What ``mcp.Client`` connects to: stdio parameters or an HTTP transport."""
+async def _target(
+    config: McpServerConfig, stack: contextlib.AsyncExitStack, cap: Callable[[], int]
+) -> Any:
+    """What ``mcp.Client`` connects to: a stdio or HTTP transport bounding each message."""
     if config.command is not None:
         from mcp import StdioServerParameters
 
         # The SDK merges env over a minimal inherited environment (HOME, PATH, ...), as MCP
         # clients do: the host's other variables (its keys and tokens) stay out of the server.
         env = None if config.env is None else dict(config.env)
-        return StdioServerParameters(
+        params = StdioServerParameters(
             command=config.command, args=list(config.args), env=env, cwd=config.cwd
         )
+        return bounded_stdio_client(params, cap)
     assert config.url is not None
-    if not config.headers:
-        return config.url
-    import httpx2
     from mcp.client.streamable_http import streamable_http_client
 
-    http = await stack.enter_async_context(httpx2.AsyncClient(headers=dict(config.headers)))
-    return streamable_http_client(config.url, http_client=http)
+    headers = dict(config.headers) if config.headers else None
+    http = await stack.enter_async_context(bounded_http_client(headers, cap))
+    return streamable_http_client(config.url, http_client=http, max_sse_event_size=SSE_EVENT_CAP)
 
 
 def _describe_error(exc: BaseException | None) -> str:
@@ -287,13 +342,68 @@ def _describe_error(exc: BaseException | None) -> str:
     return "the connection ended"
 
 
-def tool_specs(server: str, tools: list[Any], func: Any) -> list[tuple[ToolSpec, McpToolInfo]]:
-    """One :class:`ToolSpec` per upstream tool, named ``"<server>.<tool>"``."""
+#: Longest upstream tool name offered (the MCP spec's own bound); longer ones are skipped.
+MAX_TOOL_NAME = 128
+
+
+def tool_attribute(name: object) -> str | None:
+    """The attribute an upstream tool ``name`` is offered as, or None when it cannot be.
+
+    Characters other than ASCII letters, digits and ``_`` become ``_``; leading underscores
+    are dropped (``__get__`` -> ``get__``: a name with one is Python's, never a tool's); a
+    leading digit gets ``tool_`` (``3d`` -> ``tool_3d``); a keyword gets a trailing ``_``.
+    None for a non-string, an empty or over-long name, or one with no letter or digit.
+    """
+    if not isinstance(name, str) or not name or len(name) > MAX_TOOL_NAME:
+        return None
+    out = re.sub(r"\W", "_", name, flags=re.ASCII).lstrip("_")
+    if not out:
+        return None
+    if out[0].isdigit():
+        out = "tool_" + out
+    if keyword.iskeyword(out):
+        out += "_"
+    return out
+
+
+def _skip_reason(name: object) -> str:
+    if not isinstance(name, str):
+        return "its name is not a string"
+    if not name:
+        return "its name is empty"
+    if len(name) > MAX_TOOL_NAME:
+        return f"its name is longer than {MAX_TOOL_NAME} characters"
+    return "its name has no ASCII letter or digit"
+
+
+def _shown(name: object) -> str:
+    text = repr(name)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def tool_specs(
+    server: str, tools: list[Any], func: Any
+) -> tuple[list[tuple[ToolSpec, McpToolInfo]], list[str]]:
+    """One :class:`ToolSpec` per upstream tool, named ``"<server>.<attribute>"``, and a note
+    for each tool that is not offered (its name cannot be one, or it repeats a name).
+
+    Two names that map to one attribute: the later gets ``_`` appended until it is free.
+    """
     out: list[tuple[ToolSpec, McpToolInfo]] = []
+    notes: list[str] = []
     seen: set[str] = set()
+    upstream_seen: set[str] = set()
     for tool in tools:
-        name = identifier(tool.name)
-        while name in seen:  # two upstream names that map to one identifier
+        attr = tool_attribute(tool.name)
+        if attr is None:
+            notes.append(f"{server}: upstream tool {_shown(tool.name)}: {_skip_reason(tool.name)}")
+            continue
+        if tool.name in upstream_seen:
+            notes.append(f"{server}: upstream tool {_shown(tool.name)}: listed twice, first kept")
+            continue
+        upstream_seen.add(tool.name)
+        name = attr
+        while name in seen:  # two upstream names that map to one attribute
             name += "_"
         seen.add(name)
         schema = tool.input_schema or {}
@@ -340,10 +450,13 @@ def tool_specs(server: str, tools: list[Any], func: Any) -> list[tuple[ToolSpec,
             unwrap_result=wrapped,
             text_result=text_result,
         )
+        description = (tool.description or "").strip()
+        if name != tool.name:  # searchable by the name the server's documentation uses
+            description += f"\n\nUpstream name: {tool.name!r}."
         spec = ToolSpec(
             name=f"{server}.{name}",
             func=func,
-            description=(tool.description or "").strip(),
+            description=description.strip(),
             parameters=required + optional,
             required=required,
             param_types=types,
@@ -352,7 +465,7 @@ def tool_specs(server: str, tools: list[Any], func: Any) -> list[tuple[ToolSpec,
             mcp=info,
         )
         out.append((spec, info))
-    return out
+    return out, notes
 
 
 def _python_types(prop: Mapping[str, Any]) -> tuple[type, ...] | None:

@@ -13,6 +13,7 @@ Names (the contract between the registry, MCP tool sources and the kernel's help
   ``required``, ``param_types`` and ``defaults`` (which become the helper's real
   ``inspect.Signature``) and its ``description`` (its docstring; its first line is what
   ``tools.search`` shows).
+* No part of a name starts with ``_`` (Python's own names: ``__get__``, ``_repr_html_``).
 * Reserved: a top-level name or a server name may not shadow a Python builtin
   (``print``, ``open``, ...) or a name every script has (``text``, ``notify``, ``batch``,
   ``ToolError``, ``tools``); a server may not be named like one of the five default tools or
@@ -63,6 +64,8 @@ class ToolRegistry:
         self.version = 0
         #: MCP servers (add_mcp_server) whose tools a tool host lists on first need.
         self._mcp_servers: dict[str, McpServerConfig] = {}
+        #: Per server: its upstream tools that are not offered, and why (set_server_tools).
+        self._notes: dict[str, tuple[str, ...]] = {}
 
     def register(self, spec: ToolSpec, *, replace: bool = False) -> ToolSpec:
         """Add ``spec``; raise ``ValueError`` if it is malformed or the name is taken.
@@ -163,8 +166,19 @@ class ToolRegistry:
         """The MCP servers added with :meth:`add_mcp_server`, in order."""
         return list(self._mcp_servers.values())
 
-    def set_server_tools(self, server: str, specs: Sequence[ToolSpec]) -> None:
-        """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others."""
+    def notes(self, server: str) -> tuple[str, ...]:
+        """What :meth:`set_server_tools` noted about ``server``'s tools not offered."""
+        return self._notes.get(server, ())
+
+    def set_server_tools(
+        self, server: str, specs: Sequence[ToolSpec], notes: Sequence[str] = ()
+    ) -> None:
+        """Make ``specs`` the tools named ``"<server>.*"``, dropping the server's others;
+        ``notes`` say which of the server's tools are not offered and why (tools.search()
+        lists them)."""
+        if tuple(notes) != self._notes.get(server, ()):
+            self._notes[server] = tuple(notes)
+            self.version += 1
         keep = {spec.name for spec in specs}
         for old in [n for n in self._specs if n.startswith(server + ".") and n not in keep]:
             del self._specs[old]
@@ -225,6 +239,13 @@ def _check_name(name: object) -> None:
         raise ValueError(
             "tool name must be a Python identifier or 'server.tool' (two identifiers joined "
             f"by one dot), got {name!r}"
+        )
+    underscored = [part for part in parts if str(part).startswith("_")]
+    if underscored:
+        raise ValueError(
+            f"tool name {name!r}: {underscored[0]!r} starts with '_', which only Python's own "
+            "names do (the tools namespace never offers one); choose a name starting with a "
+            "letter"
         )
     first = str(parts[0])
     if first in RESERVED_NAMES:

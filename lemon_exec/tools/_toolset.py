@@ -106,6 +106,9 @@ def toolset(registry: ToolRegistry, wanted: Iterable[str] | None) -> ToolSet:
         return cached[2]
     names = extra_tool_names(registry, wanted_key)
     specs = [kernel_spec(spec) for name in names if (spec := registry.get(name)) is not None]
+    # Upstream tools not offered: notes for tools.search(), for each server offered at all.
+    servers = dict.fromkeys(name.split(".", 1)[0] for name in names if "." in name)
+    specs += [{"note": note} for server in servers for note in registry.notes(server)]
     blob = json.dumps(specs, sort_keys=True, separators=(",", ":")).encode()
     digest = hashlib.sha256(blob).hexdigest()[:32]
     result = ToolSet(names, specs, digest, _SENT)

@@ -34,6 +34,10 @@ class ToolCall:
             resolved (``os.path.realpath``), set by the host before the policy and approval
             hooks see the call; the tool then opens exactly this path, so a link swapped
             after the check changes nothing. ``None`` for other tools.
+        result_limit: bytes of result this call may still return (what is left of the
+            run's ``max_rpc_result_bytes``; the bridge sets it). A tool that receives its
+            result in pieces (an MCP server's) stops when it is clearly passed; a bigger
+            result is refused anyway. ``None``: no limit known.
     """
 
     tool: str
@@ -45,6 +49,7 @@ class ToolCall:
     server_tool: str | None = None
     notify: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     resolved_path: pathlib.Path | None = None
+    result_limit: int | None = None
 
     def __post_init__(self) -> None:
         # Accept a str cwd from callers; tools rely on it being a Path.

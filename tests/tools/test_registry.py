@@ -69,6 +69,8 @@ def test_duplicate_name_needs_replace() -> None:
     [
         ({"name": "not valid", "parameters": ()}, "identifier"),
         ({"name": "class", "parameters": ()}, "identifier"),
+        ({"name": "_t", "parameters": ()}, "starts with '_'"),
+        ({"name": "gh.__get__", "parameters": ()}, "starts with '_'"),
         ({"name": "t", "parameters": ("a-b",)}, "not a Python identifier"),
         ({"name": "t", "parameters": ("a", "a")}, "duplicate"),
         ({"name": "t", "parameters": ("a", "b"), "required": ("b",)}, "first parameters"),
