@@ -1,0 +1,199 @@
+"""The shell tool's per-command wrapper: run bash as a traced child, kill its whole tree.
+
+Run as a script (``python -I -S _reaper.py REPORT_FD PARENT_PID CWD -- bash -c ...``), one
+per command, by :mod:`lemon_exec.shell._process`. It
+
+* becomes a child subreaper, so every descendant that is orphaned (a ``setsid`` daemon, a
+  double fork) is re-parented to it instead of init and stays in reach;
+* enters ``CWD`` and forks the command, traced with ``PTRACE_SEIZE`` for two events only:
+  the shell's exit and its ``exec``. At either, it reads the shell's working directory from
+  ``/proc/<pid>/cwd`` (a zombie has none, hence the trace). That is the only way the
+  directory is learnt, so nothing the command prints, defines, traps or writes can forge
+  it; the command never holds the report descriptor either;
+* writes a report on ``REPORT_FD`` once the shell has ended (see :func:`_report`), then
+  stays as the reaper of the background jobs the command left, until they end;
+* on SIGTERM (the host's timeout) SIGTERMs every descendant, SIGKILLs them all 0.2 s later
+  (and again every 20 ms until none is left), and exits; when the host (``PARENT_PID``, 0
+  for its own parent) dies, it SIGKILLs every descendant at once and exits.
+
+Only the standard library and :mod:`lemon_exec.kernel.supervise` are imported (``-I -S``:
+a fast start, unaffected by the caller's ``PYTHON*`` variables).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import sys
+
+if __name__ == "__main__":
+    # ``-S`` leaves out site-packages: find lemon_exec next to this file instead.
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from lemon_exec.kernel import supervise
+
+_PTRACE_CONT = 7
+_PTRACE_DETACH = 17
+_PTRACE_SEIZE = 0x4206
+_PTRACE_LISTEN = 0x4208
+_OPTIONS = 0x10 | 0x40 | 0x100000  # TRACEEXEC | TRACEEXIT | EXITKILL
+_EVENT_EXEC = 4
+_EVENT_EXIT = 6
+_EVENT_STOP = 128
+_WALL = 0x40000000
+_TERM_GRACE_S = 0.2
+_KILL_ROUND_S = 0.02
+_STOP_SIGNALS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+
+#: Report states (second line of the report).
+OK, UNKNOWN, UNTRACED, NO_CWD = "ok", "unknown", "untraced", "nocwd"
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+_libc.ptrace.restype = ctypes.c_long
+
+
+def _ptrace(request: int, pid: int, data: int = 0) -> bool:
+    return int(_libc.ptrace(request, pid, None, ctypes.c_void_p(data))) == 0
+
+
+class _State:
+    terminating = False
+
+
+def _on_term(_signum: int, _frame: object) -> None:
+    if _State.terminating:
+        return
+    _State.terminating = True
+    for pid in supervise.descendants(os.getpid()):
+        _kill(pid, signal.SIGTERM)
+    signal.setitimer(signal.ITIMER_REAL, _TERM_GRACE_S)
+
+
+def _on_alarm(_signum: int, _frame: object) -> None:
+    # One round per tick, not kill_tree's loop: the main loop must keep serving the trace
+    # (a shell killed in its exit stop ends only when continued), and what the killed
+    # leave behind is re-parented to us and found by the next round.
+    for pid in supervise.descendants(os.getpid()):
+        _kill(pid, signal.SIGKILL)
+    signal.setitimer(signal.ITIMER_REAL, _KILL_ROUND_S)
+
+
+def _kill(pid: int, signum: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signum)
+
+
+def _report(fd: int, returncode: int, state: str, cwd: bytes = b"") -> None:
+    """``<returncode>\\n<state>\\n<cwd bytes>``; the returncode as Popen gives it."""
+    data = b"%d\n%s\n%s" % (returncode, state.encode(), cwd)
+    while data:
+        data = data[os.write(fd, data) :]
+    os.close(fd)
+
+
+def _cwd_of(pid: int) -> bytes | None:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd".encode())
+    except OSError:
+        return None
+
+
+def _child(go: int, argv: list[str]) -> None:
+    """In the forked child: wait until traced, restore default signals, exec the command."""
+    try:
+        if os.read(go, 1) != b"g":
+            os._exit(1)  # the wrapper died before it let us run
+        os.close(go)
+        for name in ("SIGPIPE", "SIGXFSZ", "SIGTERM", "SIGINT", "SIGHUP", "SIGALRM"):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        os.write(2, f"lemon-exec shell: cannot run {argv[0]}: {exc.strerror}\n".encode())
+    os._exit(127)
+
+
+def main(args: list[str]) -> int:
+    report_fd, parent, cwd = int(args[0]), int(args[1]), args[2]
+    argv = args[4:]
+    supervise.become_subreaper()
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGHUP, _on_term)
+    signal.signal(signal.SIGALRM, _on_alarm)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        os.write(2, f"lemon-exec shell: cannot enter {cwd}: {exc.strerror}\n".encode())
+        _report(report_fd, 1, NO_CWD)
+        return 1
+    go_read, go_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(go_write)
+        os.close(report_fd)
+        _child(go_read, argv)
+    os.close(go_read)
+    traced = _ptrace(_PTRACE_SEIZE, pid, _OPTIONS)
+    os.write(go_write, b"g")
+    os.close(go_write)
+    # The wrapper must not hold the command's output open: only the command's tree does.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    if _State.terminating:  # SIGTERM came before the fork
+        _kill(pid, signal.SIGKILL)
+    supervise.watch_parent(_parent_died, parent or None)
+    _follow(pid, report_fd, traced)
+    return 0
+
+
+def _parent_died() -> None:
+    supervise.kill_tree(os.getpid(), include_root=False)
+    os._exit(1)
+
+
+def _follow(pid: int, report_fd: int, traced: bool) -> None:
+    """Serve the trace of ``pid``, report when it ends, reap orphans until none is left."""
+    execs = 0
+    final: bytes | None = None
+    while True:
+        try:
+            child, status = os.waitpid(-1, _WALL)
+        except ChildProcessError:
+            return
+        if child != pid:
+            continue  # an adopted orphan, reaped
+        if os.WIFSTOPPED(status):
+            event, sig = status >> 16, os.WSTOPSIG(status)
+            if event == _EVENT_EXEC:
+                execs += 1
+                if execs > 1:  # the shell replaced itself: it ends here
+                    final = _cwd_of(pid)
+                    _ptrace(_PTRACE_DETACH, pid)
+                    continue
+                _ptrace(_PTRACE_CONT, pid)
+            elif event == _EVENT_EXIT:
+                if final is None:
+                    final = _cwd_of(pid)
+                _ptrace(_PTRACE_CONT, pid)
+            elif event == _EVENT_STOP and sig in _STOP_SIGNALS:
+                _ptrace(_PTRACE_LISTEN, pid)  # a group-stop: stay stopped until SIGCONT
+            elif event == _EVENT_STOP:
+                _ptrace(_PTRACE_CONT, pid)  # SIGCONT ended the group-stop
+            else:  # a signal on its way to the shell: deliver it
+                _ptrace(_PTRACE_CONT, pid, sig)
+            continue
+        returncode = os.waitstatus_to_exitcode(status)
+        if not traced:
+            _report(report_fd, returncode, UNTRACED)
+        elif final is None:
+            _report(report_fd, returncode, UNKNOWN)
+        else:
+            _report(report_fd, returncode, OK, final)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
