@@ -6,11 +6,12 @@ leave the group (``setsid``) stay in its tree. On timeout or cancellation the wr
 SIGTERM and stops the whole tree itself (SIGTERM, then SIGKILL 0.2 s later); the process
 group gets SIGKILL as a backstop if the wrapper has not finished within ``_STOP_GRACE``.
 
-A normal run ends when stdout and stderr reach EOF *and* the wrapper's report has arrived
-(the shell has ended). A background job that keeps a pipe open therefore makes the call wait
-until the deadline; one whose output is redirected elsewhere does not: it keeps running, with
-the wrapper as its reaper, and the wrapper is returned in ``lingering`` for the caller to
-stop later.
+A normal run ends when the wrapper's report has arrived: it is sent once the shell has ended
+and no process of the command's tree holds stdout or stderr (under a sandbox, bwrap holds
+them as well, so their EOF tells nothing). A background job that keeps the output open
+therefore makes the call wait until the deadline; one whose output is redirected elsewhere
+does not: it keeps running, with the wrapper as its reaper, and the wrapper is returned in
+``lingering`` for the caller to stop later.
 """
 
 from __future__ import annotations
@@ -62,10 +63,12 @@ class _Report:
 
     def __init__(self) -> None:
         self.data = bytearray()
+        self.done: Report | None = None
 
     def feed(self, data: bytes) -> None:
         if len(self.data) < _REPORT_LIMIT:
             self.data += data
+            self.done = parse_report(bytes(self.data))
 
 
 def run_process(
@@ -109,9 +112,10 @@ def run_process(
         selector.register(proc.stdout.fileno(), selectors.EVENT_READ, out)
         selector.register(proc.stderr.fileno(), selectors.EVENT_READ, err)
         selector.register(report_read, selectors.EVENT_READ, report)
-        ending = _pump(selector, deadline, cancel)
+        ending = _pump(selector, report, deadline, cancel)
         if ending != "exited":
-            stop_tree(proc, selector)
+            stop_tree(proc, selector, report)
+        _read_what_is_there(selector)
     except BaseException:
         # E.g. KeyboardInterrupt in a synchronous caller: never leave the tree running.
         stop_tree(proc)
@@ -124,7 +128,7 @@ def run_process(
     return ProcessOutcome(
         stdout=out.finish(),
         stderr=err.finish(),
-        report=parse_report(bytes(report.data)),
+        report=report.done,
         timed_out=ending == "timeout",
         cancelled=ending == "cancelled",
         lingering=proc if proc.poll() is None else None,
@@ -132,10 +136,14 @@ def run_process(
 
 
 def _pump(
-    selector: selectors.BaseSelector, deadline: float, cancel: threading.Event | None
+    selector: selectors.BaseSelector,
+    report: _Report,
+    deadline: float,
+    cancel: threading.Event | None,
 ) -> _Ending:
-    """Read until EOF on the output pipes and the report; return why the loop ended."""
-    while selector.get_map():
+    """Read until the report is complete (or every pipe is closed: the wrapper died);
+    return why the loop ended."""
+    while report.done is None and selector.get_map():
         if cancel is not None and cancel.is_set():
             return "cancelled"
         remaining = deadline - time.monotonic()
@@ -155,12 +163,23 @@ def _read_ready(selector: selectors.BaseSelector, wait: float) -> None:
             selector.unregister(key.fd)
 
 
+def _read_what_is_there(selector: selectors.BaseSelector) -> None:
+    """Read what the pipes hold now (its writers are gone once the report is in)."""
+    while selector.get_map() and selector.select(timeout=0):
+        _read_ready(selector, 0)
+
+
 def _drain(
-    selector: selectors.BaseSelector | None, until: float, proc: subprocess.Popen[bytes]
+    selector: selectors.BaseSelector | None,
+    report: _Report | None,
+    until: float,
+    proc: subprocess.Popen[bytes],
 ) -> bool:
-    """Keep reading until every pipe is closed and ``proc`` has exited, or until ``until``;
-    return whether it finished."""
+    """Keep reading until the report is complete, or every pipe is closed and ``proc`` has
+    exited, or until ``until``; return whether it finished."""
     while (remaining := until - time.monotonic()) > 0:
+        if report is not None and report.done is not None:
+            return True
         if selector is not None and selector.get_map():
             _read_ready(selector, min(remaining, _POLL_INTERVAL))
         elif proc.poll() is not None:
@@ -171,21 +190,23 @@ def _drain(
 
 
 def stop_tree(
-    proc: subprocess.Popen[bytes], selector: selectors.BaseSelector | None = None
+    proc: subprocess.Popen[bytes],
+    selector: selectors.BaseSelector | None = None,
+    report: _Report | None = None,
 ) -> None:
     """Have the wrapper stop the command's whole tree; SIGKILL the group if it does not.
 
-    With a ``selector``, the output that arrives meanwhile is collected.
+    With a ``selector``, the output and the report that arrive meanwhile are collected.
     """
     wrapper = wrapper_pid(proc.pid) if proc.poll() is None else None
     if wrapper is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(wrapper, signal.SIGTERM)
-        if _drain(selector, time.monotonic() + _STOP_GRACE, proc):
+        if _drain(selector, report, time.monotonic() + _STOP_GRACE, proc):
             return
     # No wrapper (it never started, or died), or it is stuck: only the group is in reach.
     _signal_group(proc.pid, signal.SIGKILL)
-    _drain(selector, time.monotonic() + _DRAIN_GRACE, proc)
+    _drain(selector, report, time.monotonic() + _DRAIN_GRACE, proc)
     with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(timeout=_DRAIN_GRACE)
 

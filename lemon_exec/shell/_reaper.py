@@ -10,8 +10,9 @@ per command, by :mod:`lemon_exec.shell._process`. It
   ``/proc/<pid>/cwd`` (a zombie has none, hence the trace). That is the only way the
   directory is learnt, so nothing the command prints, defines, traps or writes can forge
   it; the command never holds the report descriptor either;
-* writes a report on ``REPORT_FD`` once the shell has ended (see :func:`_report`), then
-  stays as the reaper of the background jobs the command left, until they end;
+* writes a report on ``REPORT_FD`` once the shell has ended and no descendant holds its
+  stdout or stderr (see :func:`_report`), then stays as the reaper of the background jobs
+  the command left, until they end;
 * on SIGTERM (the host's timeout) SIGTERMs every descendant, SIGKILLs them all 0.2 s later
   (and again every 20 ms until none is left), and exits; when the host (``PARENT_PID``, 0
   for its own parent) dies, it SIGKILLs every descendant at once and exits.
@@ -27,6 +28,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 
 if __name__ == "__main__":
     # ``-S`` leaves out site-packages: find lemon_exec next to this file instead.
@@ -45,6 +47,7 @@ _EVENT_STOP = 128
 _WALL = 0x40000000
 _TERM_GRACE_S = 0.2
 _KILL_ROUND_S = 0.02
+_HOLD_POLL_S = 0.02
 _STOP_SIGNALS = (signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
 
 #: Report states (second line of the report).
@@ -87,8 +90,9 @@ def _kill(pid: int, signum: int) -> None:
 
 
 def _report(fd: int, returncode: int, state: str, cwd: bytes = b"") -> None:
-    """``<returncode>\\n<state>\\n<cwd bytes>``; the returncode as Popen gives it."""
-    data = b"%d\n%s\n%s" % (returncode, state.encode(), cwd)
+    """``<returncode>\\n<state>\\n<len(cwd)>\\n<cwd bytes>``, the returncode as Popen
+    gives it. Length-prefixed: under a sandbox bwrap holds the pipe, so no EOF follows."""
+    data = b"%d\n%s\n%d\n%s" % (returncode, state.encode(), len(cwd), cwd)
     while data:
         data = data[os.write(fd, data) :]
     os.close(fd)
@@ -128,6 +132,7 @@ def main(args: list[str]) -> int:
         os.write(2, f"lemon-exec shell: cannot enter {cwd}: {exc.strerror}\n".encode())
         _report(report_fd, 1, NO_CWD)
         return 1
+    outputs = {_identity(fd) for fd in (1, 2)}
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -146,8 +151,52 @@ def main(args: list[str]) -> int:
     if _State.terminating:  # SIGTERM came before the fork
         _kill(pid, signal.SIGKILL)
     supervise.watch_parent(_parent_died, parent or None)
-    _follow(pid, report_fd, traced)
+    returncode, final = _follow(pid)
+    state = UNTRACED if not traced else (UNKNOWN if final is None else OK)
+    # A background job that keeps the output open holds the call (until the timeout).
+    while _holders(outputs):
+        _reap(os.WNOHANG)
+        time.sleep(_HOLD_POLL_S)
+    _report(report_fd, returncode, state, final or b"")
+    _reap(0)
     return 0
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
+
+
+def _holders(outputs: set[tuple[int, int]]) -> bool:
+    """Whether a descendant still has the command's stdout or stderr open.
+
+    Under a sandbox, bwrap (our parent) holds them too, so their EOF cannot tell the host.
+    """
+    for pid in supervise.descendants(os.getpid()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) in outputs:
+                return True
+    return False
+
+
+def _reap(flags: int) -> None:
+    """Reap adopted orphans: all that end (``flags`` 0: until none is left), or those that
+    have ended (``WNOHANG``)."""
+    while True:
+        try:
+            child, _ = os.waitpid(-1, flags)
+        except ChildProcessError:
+            return
+        if child == 0:
+            return
 
 
 def _parent_died() -> None:
@@ -155,44 +204,35 @@ def _parent_died() -> None:
     os._exit(1)
 
 
-def _follow(pid: int, report_fd: int, traced: bool) -> None:
-    """Serve the trace of ``pid``, report when it ends, reap orphans until none is left."""
+def _follow(pid: int) -> tuple[int, bytes | None]:
+    """Serve the trace of the shell ``pid`` until it has ended, reaping orphans meanwhile;
+    return its returncode and the directory it finished in (None if unknown)."""
     execs = 0
     final: bytes | None = None
     while True:
-        try:
-            child, status = os.waitpid(-1, _WALL)
-        except ChildProcessError:
-            return
+        child, status = os.waitpid(-1, _WALL)
         if child != pid:
             continue  # an adopted orphan, reaped
-        if os.WIFSTOPPED(status):
-            event, sig = status >> 16, os.WSTOPSIG(status)
-            if event == _EVENT_EXEC:
-                execs += 1
-                if execs > 1:  # the shell replaced itself: it ends here
-                    final = _cwd_of(pid)
-                    _ptrace(_PTRACE_DETACH, pid)
-                    continue
-                _ptrace(_PTRACE_CONT, pid)
-            elif event == _EVENT_EXIT:
-                if final is None:
-                    final = _cwd_of(pid)
-                _ptrace(_PTRACE_CONT, pid)
-            elif event == _EVENT_STOP and sig in _STOP_SIGNALS:
-                _ptrace(_PTRACE_LISTEN, pid)  # a group-stop: stay stopped until SIGCONT
-            elif event == _EVENT_STOP:
-                _ptrace(_PTRACE_CONT, pid)  # SIGCONT ended the group-stop
-            else:  # a signal on its way to the shell: deliver it
-                _ptrace(_PTRACE_CONT, pid, sig)
-            continue
-        returncode = os.waitstatus_to_exitcode(status)
-        if not traced:
-            _report(report_fd, returncode, UNTRACED)
-        elif final is None:
-            _report(report_fd, returncode, UNKNOWN)
-        else:
-            _report(report_fd, returncode, OK, final)
+        if not os.WIFSTOPPED(status):
+            return os.waitstatus_to_exitcode(status), final
+        event, sig = status >> 16, os.WSTOPSIG(status)
+        if event == _EVENT_EXEC:
+            execs += 1
+            if execs > 1:  # the shell replaced itself: it ends here
+                final = _cwd_of(pid)
+                _ptrace(_PTRACE_DETACH, pid)
+                continue
+            _ptrace(_PTRACE_CONT, pid)
+        elif event == _EVENT_EXIT:
+            if final is None:
+                final = _cwd_of(pid)
+            _ptrace(_PTRACE_CONT, pid)
+        elif event == _EVENT_STOP and sig in _STOP_SIGNALS:
+            _ptrace(_PTRACE_LISTEN, pid)  # a group-stop: stay stopped until SIGCONT
+        elif event == _EVENT_STOP:
+            _ptrace(_PTRACE_CONT, pid)  # SIGCONT ended the group-stop
+        else:  # a signal on its way to the shell: deliver it
+            _ptrace(_PTRACE_CONT, pid, sig)
 
 
 if __name__ == "__main__":

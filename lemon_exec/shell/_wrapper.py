@@ -66,14 +66,16 @@ def wrapper_argv(
 
 
 def parse_report(data: bytes) -> Report | None:
-    """The wrapper's report, or ``None`` if it sent none (it did not start, or was killed)."""
-    head, sep, rest = data.partition(b"\n")
-    state, sep2, cwd = rest.partition(b"\n")
-    if not (sep and sep2):
+    """The wrapper's report, or ``None`` while it is incomplete (or if it sent none)."""
+    parts = data.split(b"\n", 3)
+    if len(parts) != 4:
         return None
+    head, state, size, cwd = parts
     try:
-        returncode = int(head)
+        returncode, length = int(head), int(size)
     except ValueError:
+        return None
+    if len(cwd) != length:
         return None
     text = state.decode("ascii", "replace")
     known = text == _reaper.OK and cwd.startswith(b"/")
