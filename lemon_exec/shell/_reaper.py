@@ -17,25 +17,22 @@ per command, by :mod:`lemon_exec.shell._process`. It
   (and again every 20 ms until none is left), and exits; when the host (``PARENT_PID``, 0
   for its own parent) dies, it SIGKILLs every descendant at once and exits.
 
-Only the standard library and :mod:`lemon_exec.kernel.supervise` are imported (``-I -S``:
-a fast start, unaffected by the caller's ``PYTHON*`` variables).
+It runs once per command, so it imports only what it needs of the standard library, not
+lemon_exec (``-I -S``: a fast start, unaffected by the caller's ``PYTHON*`` variables); the
+process-tree reading is a small copy of :mod:`lemon_exec.kernel.supervise`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
+import select
 import signal
 import sys
+import threading
 import time
 
-if __name__ == "__main__":
-    # ``-S`` leaves out site-packages: find lemon_exec next to this file instead.
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from lemon_exec.kernel import supervise
-
+_PR_SET_CHILD_SUBREAPER = 36
 _PTRACE_CONT = 7
 _PTRACE_DETACH = 17
 _PTRACE_SEIZE = 0x4206
@@ -62,6 +59,59 @@ def _ptrace(request: int, pid: int, data: int = 0) -> bool:
     return int(_libc.ptrace(request, pid, None, ctypes.c_void_p(data))) == 0
 
 
+def _children(pid: int) -> list[int]:
+    """Children of ``pid`` (zombies included: signalling one is harmless)."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                found.extend(int(c) for c in fh.read().split())
+        except FileNotFoundError:
+            if os.path.exists(f"/proc/{pid}/task/{tid}"):
+                return _children_by_scan(pid)  # a kernel without the children file
+        except OSError:
+            continue
+    return found
+
+
+def _children_by_scan(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as fh:
+                    fields = fh.read().rsplit(b")", 1)[-1].split()
+            except OSError:
+                continue
+            if len(fields) > 1 and int(fields[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[-1].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
+
+
+def _descendants() -> list[int]:
+    """Every running descendant of this process, parents first."""
+    order: list[int] = []
+    queue = [os.getpid()]
+    while queue:
+        for child in _children(queue.pop(0)):
+            if child not in order and _running(child):
+                order.append(child)
+                queue.append(child)
+    return order
+
+
 class _State:
     terminating = False
 
@@ -70,7 +120,7 @@ def _on_term(_signum: int, _frame: object) -> None:
     if _State.terminating:
         return
     _State.terminating = True
-    for pid in supervise.descendants(os.getpid()):
+    for pid in _descendants():
         _kill(pid, signal.SIGTERM)
     signal.setitimer(signal.ITIMER_REAL, _TERM_GRACE_S)
 
@@ -79,14 +129,16 @@ def _on_alarm(_signum: int, _frame: object) -> None:
     # One round per tick, not kill_tree's loop: the main loop must keep serving the trace
     # (a shell killed in its exit stop ends only when continued), and what the killed
     # leave behind is re-parented to us and found by the next round.
-    for pid in supervise.descendants(os.getpid()):
+    for pid in _descendants():
         _kill(pid, signal.SIGKILL)
     signal.setitimer(signal.ITIMER_REAL, _KILL_ROUND_S)
 
 
 def _kill(pid: int, signum: int) -> None:
-    with contextlib.suppress(OSError):
+    try:
         os.kill(pid, signum)
+    except OSError:
+        return  # gone already
 
 
 def _report(fd: int, returncode: int, state: str, cwd: bytes = b"") -> None:
@@ -122,7 +174,7 @@ def _child(go: int, argv: list[str]) -> None:
 def main(args: list[str]) -> int:
     report_fd, parent, cwd = int(args[0]), int(args[1]), args[2]
     argv = args[4:]
-    supervise.become_subreaper()
+    _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGHUP, _on_term)
     signal.signal(signal.SIGALRM, _on_alarm)
@@ -150,7 +202,7 @@ def main(args: list[str]) -> int:
     os.close(null)
     if _State.terminating:  # SIGTERM came before the fork
         _kill(pid, signal.SIGKILL)
-    supervise.watch_parent(_parent_died, parent or None)
+    _watch(parent or os.getppid())
     returncode, final = _follow(pid)
     state = UNTRACED if not traced else (UNKNOWN if final is None else OK)
     # A background job that keeps the output open holds the call (until the timeout).
@@ -172,7 +224,7 @@ def _holders(outputs: set[tuple[int, int]]) -> bool:
 
     Under a sandbox, bwrap (our parent) holds them too, so their EOF cannot tell the host.
     """
-    for pid in supervise.descendants(os.getpid()):
+    for pid in _descendants():
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
@@ -199,9 +251,28 @@ def _reap(flags: int) -> None:
             return
 
 
-def _parent_died() -> None:
-    supervise.kill_tree(os.getpid(), include_root=False)
-    os._exit(1)
+def _watch(parent: int) -> None:
+    """Kill the whole tree and exit once ``parent`` (the host) has exited."""
+    try:
+        fd: int | None = os.pidfd_open(parent)
+    except (OSError, AttributeError):
+        fd = None  # gone already, or Linux < 5.3: being re-parented tells
+
+    def watch() -> None:
+        if os.getppid() == parent or fd is not None:
+            if fd is not None:
+                select.select([fd], [], [])
+            else:
+                while os.getppid() == parent:
+                    time.sleep(0.2)
+        deadline = time.monotonic() + 2.0
+        while (found := _descendants()) and time.monotonic() < deadline:
+            for pid in found:
+                _kill(pid, signal.SIGKILL)
+            time.sleep(0.002)  # let the orphans re-parent to us
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _follow(pid: int) -> tuple[int, bytes | None]:
