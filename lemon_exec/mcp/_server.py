@@ -84,7 +84,7 @@ _EXECUTE_COMMAND_DESCRIPTION = (
     "- There is no stdin and no terminal: interactive commands are not supported; pass flags "
     "such as -y or --yes.\n"
     "- timeout is in seconds. Its default and maximum is DPTTOOLS_SANDBOX_TIMEOUT (default "
-    "30); a larger value is lowered to it. On timeout the whole process group is killed, and "
+    "30); a larger value is lowered to it. On timeout the whole process tree is killed, and "
     "the result has timed_out true and exit_code -1 with the output captured so far.\n"
     "- A background job that keeps the output open (`job &`) makes the call wait until the "
     "timeout; redirect it (`job > job.log 2>&1 &`) to let it outlive the call.\n"
