@@ -27,6 +27,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from lemon_exec.kernel import supervise
+
 from ._capture import BoundedText
 from ._wrapper import Report, parse_report, wrapper_pid
 
@@ -204,7 +206,9 @@ def stop_tree(
             os.kill(wrapper, signal.SIGTERM)
         if _drain(selector, report, time.monotonic() + _STOP_GRACE, proc):
             return
-    # No wrapper (it never started, or died), or it is stuck: only the group is in reach.
+        # Stuck (the command can SIGSTOP its wrapper): kill its tree from here.
+        supervise.kill_tree(wrapper)
+    # The wrapper never started, or died (its orphans went to init): the group is in reach.
     _signal_group(proc.pid, signal.SIGKILL)
     _drain(selector, report, time.monotonic() + _DRAIN_GRACE, proc)
     with contextlib.suppress(subprocess.TimeoutExpired):

@@ -256,3 +256,20 @@ def test_background_jobs_die_with_the_host(
     finally:
         host.kill()
         host.wait()
+
+
+@pytest.mark.timeout(30)
+def test_stopping_the_wrapper_does_not_save_the_tree(
+    session: ShellSession, tmp_path: Path, reap_pids: list[int]
+) -> None:
+    pid_file = tmp_path / "daemon.pid"
+    command = (
+        f"setsid sh -c 'echo $$ > {q(pid_file)}; exec sleep 60' > /dev/null 2>&1 < /dev/null &"
+        " kill -STOP $PPID; sleep 30"
+    )
+    result = session.execute_command(command, timeout=1)
+    pid = read_pid(pid_file)
+    reap_pids.append(pid)
+    assert result["timed_out"] is True
+    assert wait_until(lambda: not pid_alive(pid)), "a setsid child survived the timeout"
+    assert session.execute_command("echo next")["stdout"] == "next\n"
