@@ -217,3 +217,27 @@ async def test_stdio_sandbox_confines_execute_command(
     while _jobs() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _jobs(), "a background job outlived the server"
+
+
+# -- the session itself ----------------------------------------------------------------------
+
+
+def test_a_directory_only_the_sandbox_had_falls_back_to_the_start(project: Path) -> None:
+    shell = ShellSession(project, sandbox=spec_from_config(_config()))
+    inside = f"/tmp/lemon-shell-test-{os.getpid()}"
+    moved = shell.execute_command(f"mkdir -p {inside} && cd {inside} && pwd")
+    assert moved["stdout"] == f"{inside}\n"
+    # The sandbox's /tmp is private to each command: the next one cannot start there.
+    assert f"{inside} no longer exists; falling back to" in moved["stderr"]
+    assert not os.path.exists(inside)
+    assert shell.cwd == os.path.realpath(project)
+    assert shell.execute_command("pwd")["stdout"] == f"{os.path.realpath(project)}\n"
+
+
+def test_an_unknown_sandbox_refuses_every_command(project: Path) -> None:
+    config = ExecuteCodeConfig(enabled=True, sandbox="bwarp")
+    shell = ShellSession(project, sandbox=spec_from_config(config))
+    result = shell.execute_command(f"touch {project}/ran")
+    assert result["exit_code"] == -1
+    assert "unknown sandbox 'bwarp'" in result["stderr"]
+    assert not (project / "ran").exists()
