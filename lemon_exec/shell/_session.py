@@ -264,8 +264,8 @@ class ShellSession:
 
 _CANCELLED_NOTE = "Command cancelled; its process tree was killed.\n"
 _NO_REPORT_NOTE = (
-    "Note: the command's wrapper ended without a report (see above); the working directory "
-    "stays {cwd}\n"
+    "Note: the command's wrapper ended without a report (it was killed, or could not "
+    "start); the working directory stays {cwd}\n"
 )
 _UNTRACED_NOTE = (
     "Note: this system does not let the shell tool trace its commands (ptrace), so the "
