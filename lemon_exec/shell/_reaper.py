@@ -28,6 +28,7 @@ import ctypes
 import os
 import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -184,7 +185,8 @@ def main(args: list[str]) -> int:
         os.write(2, f"lemon-exec shell: cannot enter {cwd}: {exc.strerror}\n".encode())
         _report(report_fd, 1, NO_CWD)
         return 1
-    outputs = {_identity(fd) for fd in (1, 2)}
+    # Only pipes: a terminal or /dev/null held by a background job must not hold the call.
+    outputs = {_identity(fd) for fd in (1, 2) if stat.S_ISFIFO(os.fstat(fd).st_mode)}
     go_read, go_write = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -224,6 +226,8 @@ def _holders(outputs: set[tuple[int, int]]) -> bool:
 
     Under a sandbox, bwrap (our parent) holds them too, so their EOF cannot tell the host.
     """
+    if not outputs:
+        return False
     for pid in _descendants():
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
