@@ -43,7 +43,8 @@ def register(subparsers: Any) -> None:
             "restart_session) as a Model Context Protocol server, over stdio by default. "
             "execute_code is enabled unless the config file or LEMON_EXECUTE_CODE_ENABLED "
             "disables it; when disabled, only the shell tools are offered. Every tool runs "
-            "code with this user's permissions: this is not a sandbox."
+            "code with this user's permissions (not a sandbox) unless --sandbox confines "
+            "them all."
         ),
         epilog=(
             "HTTP clients must send 'Authorization: Bearer <token>'. "
@@ -94,9 +95,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--sandbox",
         action="store_true",
-        help='run kernels under bubblewrap (sandbox = "bwrap"; see docs/sandbox.md): no '
-        "network, read-only filesystem, hidden credential stores; refused when bwrap "
-        "is missing",
+        help='run kernels and shell commands under bubblewrap (sandbox = "bwrap"; see '
+        "docs/sandbox.md): no network, read-only filesystem but the working directory, "
+        "hidden credential stores; every tool served is confined; refused when bwrap is "
+        "missing",
     )
     parser.add_argument(
         "--mcp-config",

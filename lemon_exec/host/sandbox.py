@@ -350,3 +350,29 @@ def _distinct(paths: list[Path]) -> list[Path]:
 
 def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
+
+
+def command_argv_prefix(
+    spec: SandboxSpec,
+    *,
+    bwrap: str,
+    cwd: Path,
+    scratch: Path,
+    runtime: tuple[Path, ...] = (),
+) -> list[str]:
+    """The argv that runs a plain command (the shell tool's) in the view a kernel whose
+    working directory is ``cwd`` gets from :func:`kernel_argv_prefix`, options and all.
+
+    ``scratch`` is an empty private directory of the caller's (outside any staging root):
+    it stands in for the staging root, the kernel directory and the path directory, which a
+    plain command has none of; it is bound writable, so keep it empty.
+    """
+    return kernel_argv_prefix(
+        spec,
+        bwrap=bwrap,
+        cwd=cwd,
+        kernel_dir=scratch,
+        staging_root=scratch,
+        pypath=scratch,
+        runtime=runtime,
+    )

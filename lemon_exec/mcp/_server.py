@@ -42,6 +42,7 @@ from lemon_exec import __version__
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
+from lemon_exec.host import sandbox as sandboxes
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import SessionScope
 from lemon_exec.shell import ShellSession
@@ -83,7 +84,7 @@ _EXECUTE_COMMAND_DESCRIPTION = (
     "- There is no stdin and no terminal: interactive commands are not supported; pass flags "
     "such as -y or --yes.\n"
     "- timeout is in seconds. Its default and maximum is DPTTOOLS_SANDBOX_TIMEOUT (default "
-    "30); a larger value is lowered to it. On timeout the whole process group is killed, and "
+    "30); a larger value is lowered to it. On timeout the whole process tree is killed, and "
     "the result has timed_out true and exit_code -1 with the output captured so far.\n"
     "- A background job that keeps the output open (`job &`) makes the call wait until the "
     "timeout; redirect it (`job > job.log 2>&1 &`) to let it outlive the call.\n"
@@ -91,6 +92,16 @@ _EXECUTE_COMMAND_DESCRIPTION = (
     "(default 50000).\n"
     "- Commands are not filtered: they run with the server's permissions. This is not a "
     "sandbox."
+)
+#: Replaces the last point of the description when the server runs under --sandbox.
+_UNCONFINED_POINT = (
+    "- Commands are not filtered: they run with the server's permissions. This is not a "
+    "sandbox."
+)
+_SANDBOXED_POINT = (
+    "- Commands run in the same bubblewrap sandbox as execute_code: the filesystem is "
+    "read-only except the server's working directory, /tmp is private to each command, "
+    "credential stores are hidden{network}, and background jobs end with the server."
 )
 _RESTART_SESSION_DESCRIPTION = (
     "Reset the shell session's working directory to the directory the server started in. "
@@ -212,7 +223,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
             _schema_tool(
                 self._execute_command,
                 name="execute_command",
-                description=_EXECUTE_COMMAND_DESCRIPTION,
+                description=_command_description(shell),
                 input_schema=_EXECUTE_COMMAND_SCHEMA,
                 annotations=ToolAnnotations(
                     title="Execute shell command",
@@ -274,6 +285,11 @@ class LemonExecServer(MCPServer[_Lifespan]):
             finally:
                 with self._lifespans_lock:
                     self._open_lifespans -= 1
+                    last = self._open_lifespans == 0
+                if last:
+                    # Background jobs of the shell end with the serving period.
+                    with anyio.CancelScope(shield=True):
+                        await self.shell.aclose()
 
     # -- tools -------------------------------------------------------------------------------
 
@@ -370,25 +386,48 @@ def build_server(
     ``code-execution-tools`` (else the name is ``lemon-exec``).
 
     ``shell`` defaults to a :class:`ShellSession` starting in the current directory, one per
-    server. ``scope`` defaults to one :class:`SessionScope` with a random session id, agent id
-    ``"mcp"`` and the current directory: every execute_code call of this server (one stdio
-    connection) shares it, which is what session mode keys kernels on. ``facade_factory``
-    builds the ExecuteCode facade of each serving period (default: ``ExecuteCode``).
+    server, confined to ``config``'s sandbox when it has one (``sandbox = "bwrap"``): every
+    tool of a sandboxed server is confined. A given ``shell`` that is not confined while
+    ``config`` asks for a sandbox is refused (``ValueError``). ``scope`` defaults to one
+    :class:`SessionScope` with a random session id, agent id ``"mcp"`` and the current
+    directory: every execute_code call of this server (one stdio connection) shares it,
+    which is what session mode keys kernels on. ``facade_factory`` builds the ExecuteCode
+    facade of each serving period (default: ``ExecuteCode``).
     """
     if config is None:
         config = ExecuteCodeConfig.load(default_enabled=True)
     if scope is None:
         scope = SessionScope(session_id=secrets.token_hex(16), agent_id=AGENT_ID, cwd=os.getcwd())
+    spec = sandboxes.spec_from_config(config)
+    if shell is None:
+        shell = ShellSession(sandbox=spec)
+    elif spec.enabled and shell.sandbox != spec:
+        raise ValueError(
+            f"build_server: the config asks for sandbox = {spec.kind!r} but the given shell "
+            "is not confined to it; pass ShellSession(start_dir, sandbox="
+            "lemon_exec.host.sandbox.spec_from_config(config)), or no shell"
+        )
     return LemonExecServer(
         config,
         only_shell=only_shell,
-        shell=shell if shell is not None else ShellSession(),
+        shell=shell,
         scope=scope,
         facade_factory=facade_factory if facade_factory is not None else ExecuteCode,
     )
 
 
 # -- helpers ---------------------------------------------------------------------------------
+
+
+def _command_description(shell: ShellSession) -> str:
+    """execute_command's description: it says whether commands run in the sandbox."""
+    spec = shell.sandbox
+    if spec is None:
+        return _EXECUTE_COMMAND_DESCRIPTION
+    network = "" if spec.network else ", and there is no network (not even the host's loopback)"
+    return _EXECUTE_COMMAND_DESCRIPTION.replace(
+        _UNCONFINED_POINT, _SANDBOXED_POINT.format(network=network)
+    )
 
 
 def _lifespan(app: MCPServer[_Lifespan]) -> Any:

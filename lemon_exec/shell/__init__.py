@@ -2,8 +2,10 @@
 
 This is the engine behind the ``code-execution-tools`` MCP server's ``execute_command`` and
 ``restart_session`` tools. Each command runs in a fresh ``/bin/bash -c`` subprocess started in
-the session's working directory; the directory the command finished in (found with an EXIT
-trap, also after ``exit N``) becomes the start of the next call. Nothing else carries over.
+the session's working directory, under a small wrapper (``_reaper``) that is a child
+subreaper and traces bash only to read, from ``/proc``, the directory bash finished in; that
+directory becomes the start of the next call. Nothing else carries over. Optionally every
+command runs in the execute_code kernels' bubblewrap sandbox.
 
 Settings, read on every call:
 
@@ -11,8 +13,8 @@ Settings, read on every call:
 * ``DPTTOOLS_OUTPUT_TRUNCATION_LIMIT`` (default 50000): characters kept of stdout and of
   stderr each.
 
-Linux and macOS only. The Windows (cmd.exe) branch of the spec is out of scope: this package
-always uses ``/bin/bash`` and POSIX process groups.
+Linux only. The Windows (cmd.exe) branch of the spec is out of scope: this package always
+uses ``/bin/bash``.
 
 See ``docs/shell.md`` for the full behaviour.
 """

@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from lemon_exec.errors import RefusedError
+from lemon_exec.host import sandbox as sandboxes
 
 from ._config import effective_timeout, output_limit
-from ._process import run_process
+from ._process import ProcessOutcome, run_process, stop_tree
+from ._reaper import NO_CWD, UNTRACED
 from ._result import CommandResult, make_result
-from ._wrapper import BASH, prepared_launch, read_cwd_file
+from ._wrapper import BASH, wrapper_argv
 
 # How often a call waiting for the session lock checks whether it was cancelled.
 _LOCK_POLL = 0.05
@@ -25,11 +36,19 @@ class ShellSession:
     Settings come from the environment and are read on every call (see ``_config``).
     """
 
-    def __init__(self, start_dir: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self,
+        start_dir: str | os.PathLike[str] | None = None,
+        *,
+        sandbox: sandboxes.SandboxSpec | None = None,
+    ) -> None:
         """Start in ``start_dir`` (default: the process's current directory right now).
 
         The directory is resolved to its real path, like ``pwd -P``. Raises
-        ``NotADirectoryError`` if it is not an existing directory.
+        ``NotADirectoryError`` if it is not an existing directory. With an enabled
+        ``sandbox``, every command runs in the view a sandboxed kernel working in
+        ``start_dir`` gets (see ``docs/shell.md``); a sandbox that cannot start refuses the
+        command, it never runs unconfined.
         """
         given = os.getcwd() if start_dir is None else os.fsdecode(os.fspath(start_dir))
         real = os.path.realpath(given)
@@ -38,6 +57,14 @@ class ShellSession:
         self._start_dir = real
         self._cwd = real
         self._lock = threading.Lock()
+        self._sandbox = sandbox if sandbox is not None and sandbox.enabled else None
+        # Wrappers still reaping background jobs of earlier commands.
+        self._lingering: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def sandbox(self) -> sandboxes.SandboxSpec | None:
+        """The sandbox every command runs in, or None."""
+        return self._sandbox
 
     @property
     def cwd(self) -> str:
@@ -61,7 +88,7 @@ class ShellSession:
         ``timeout`` is in seconds: ``None`` means ``DPTTOOLS_SANDBOX_TIMEOUT`` (default 30),
         and a larger value is lowered to it; zero or a negative value runs nothing and returns
         ``exit_code`` -1 with the reason in stderr. Setting ``cancel_event`` (from another
-        thread) kills the command's process group; the result then has ``exit_code`` -1.
+        thread) kills the command's process tree; the result then has ``exit_code`` -1.
         Blocks while another call of this session is running.
         """
         _check_command(command)
@@ -85,6 +112,20 @@ class ShellSession:
         with self._lock:
             self._cwd = self._start_dir
         return f"Session restarted. Working directory reset to {self._start_dir}"
+
+    def close(self) -> None:
+        """Stop the background jobs earlier commands left running (their whole trees).
+
+        The session stays usable. They also die on their own when this process exits.
+        """
+        with self._lock:
+            lingering, self._lingering = self._lingering, []
+        for proc in lingering:
+            stop_tree(proc)
+
+    async def aclose(self) -> None:
+        """Async ``close``, run in a worker thread."""
+        await asyncio.to_thread(self.close)
 
     async def aexecute_command(self, command: str, timeout: float | None = None) -> CommandResult:
         """Async ``execute_command``, run in a worker thread.
@@ -132,39 +173,82 @@ class ShellSession:
         cancel: threading.Event | None,
     ) -> CommandResult:
         """Run one command; the caller holds the lock."""
+        self._lingering = [p for p in self._lingering if p.poll() is None]
         before = self._ensure_cwd_exists()
+        cwd = self._cwd
         try:
-            with prepared_launch(command) as launch:
+            with self._prefix() as prefix:
                 outcome = run_process(
-                    launch.argv,
-                    env=launch.env,
-                    cwd=self._cwd,
+                    lambda fd: wrapper_argv(
+                        command,
+                        report_fd=fd,
+                        cwd=cwd,
+                        watch_host=self._sandbox is None,
+                        prefix=prefix,
+                    ),
                     timeout=seconds,
                     limit=limit,
                     cancel=cancel,
                 )
-                finished_in = read_cwd_file(launch.cwd_file)
+        except RefusedError as exc:
+            return make_result(stderr=f"{before}Error: {exc}\n", exit_code=-1)
         except OSError as exc:
-            # E.g. no /bin/bash, or no writable temporary directory: report, do not crash.
+            # E.g. no Python or bwrap to start, or no temporary directory: report, do not crash.
             return make_result(
                 stderr=f"{before}Error: could not run the command with {BASH}: {exc}\n",
                 exit_code=-1,
             )
-        # Recorded after timeouts too: bash's EXIT trap also runs on the timeout's SIGTERM.
-        if finished_in is not None:
-            self._cwd = finished_in
+        if outcome.lingering is not None:
+            self._lingering.append(outcome.lingering)
+        note = self._follow(outcome)
         after = self._ensure_cwd_exists()
 
-        stderr = before + outcome.stderr + after
+        stderr = before + outcome.stderr + note + after
         if outcome.cancelled:
             stderr += _CANCELLED_NOTE
-        if outcome.returncode is None:
+        report = outcome.report
+        if outcome.timed_out or outcome.cancelled or report is None or report.state == NO_CWD:
             return make_result(
                 stdout=outcome.stdout, stderr=stderr, exit_code=-1, timed_out=outcome.timed_out
             )
         return make_result(
-            stdout=outcome.stdout, stderr=stderr, exit_code=_exit_status(outcome.returncode)
+            stdout=outcome.stdout, stderr=stderr, exit_code=_exit_status(report.returncode)
         )
+
+    def _follow(self, outcome: ProcessOutcome) -> str:
+        """Move to the directory the shell finished in, when known; return a note or ''."""
+        report = outcome.report
+        if report is None:
+            if outcome.timed_out or outcome.cancelled:
+                return ""
+            return _NO_REPORT_NOTE.format(cwd=self._cwd)
+        if report.cwd is not None:
+            self._cwd = _undeleted(report.cwd)
+        elif report.state == NO_CWD:
+            missing, self._cwd = self._cwd, self._start_dir
+            return f"Note: {missing} cannot be entered; falling back to {self._cwd}\n"
+        elif report.state == UNTRACED:
+            return _UNTRACED_NOTE.format(cwd=self._cwd)
+        return ""
+
+    @contextlib.contextmanager
+    def _prefix(self) -> Iterator[list[str]]:
+        """The sandbox's argv prefix for one command (nothing without a sandbox)."""
+        if self._sandbox is None:
+            yield []
+            return
+        bwrap = sandboxes.require(self._sandbox)
+        scratch = tempfile.mkdtemp(prefix="lemon-shell-")  # mode 0700, stays empty
+        try:
+            yield sandboxes.command_argv_prefix(
+                self._sandbox,
+                bwrap=bwrap,
+                cwd=Path(self._start_dir),
+                scratch=Path(scratch),
+                runtime=sandboxes.runtime_paths(sys.executable),
+            )
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def _ensure_cwd_exists(self) -> str:
         """Fall back to the start directory if the current one is gone; return a note or ''."""
@@ -178,7 +262,15 @@ class ShellSession:
         )
 
 
-_CANCELLED_NOTE = "Command cancelled; its process group was killed.\n"
+_CANCELLED_NOTE = "Command cancelled; its process tree was killed.\n"
+_NO_REPORT_NOTE = (
+    "Note: the command's wrapper ended without a report (it was killed, or could not "
+    "start); the working directory stays {cwd}\n"
+)
+_UNTRACED_NOTE = (
+    "Note: this system does not let the shell tool trace its commands (ptrace), so the "
+    "directory a command finished in is not known; the working directory stays {cwd}\n"
+)
 _NOT_STARTED_NOTE = "Command cancelled before it started.\n"
 
 
@@ -186,6 +278,14 @@ def _check_command(command: object) -> None:
     """Reject a non-string command early, with a clear message."""
     if not isinstance(command, str):
         raise TypeError(f"command must be a str, not {type(command).__name__}")
+
+
+def _undeleted(path: str) -> str:
+    """``/proc`` names a deleted directory ``PATH (deleted)``: name it by its path."""
+    suffix = " (deleted)"
+    if path.endswith(suffix) and not os.path.isdir(path):
+        return path[: -len(suffix)]
+    return path
 
 
 def _exit_status(returncode: int) -> int:

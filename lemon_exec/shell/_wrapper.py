@@ -1,104 +1,94 @@
-"""Launch a user command with ``/bin/bash -c`` and learn the directory it finished in.
+"""Build the argv that runs one command under the wrapper, and read the wrapper's report.
 
-The command string is passed to ``bash -c`` untouched, so it behaves exactly as in a plain
-``bash -c "command"`` (same ``$0`` and empty ``$@``, line numbers, error messages, ``set -x``
-output). The directory is captured by an EXIT trap that bash installs *before* running the
-command: ``BASH_ENV`` points at a per-call init file, which non-interactive bash sources
-first. The init file
-
-* unsets ``BASH_ENV`` again, so nested bash scripts do not source it (a ``BASH_ENV`` the
-  caller had set is restored and sourced instead);
-* sets a trap that writes ``pwd -P`` to a private file and re-exits with the status it found,
-  so the command's exit code is unchanged and nothing is added to stdout or stderr.
-
-The trap runs however the shell ends: normally, through ``exit N`` or ``set -e``, or by a
-terminating signal such as the timeout's SIGTERM. Because output never carries the directory,
-the command's output cannot spoof it. Everything lives in a fresh 0700 temporary directory
-that is removed after the call.
-
-Known gaps, in which case the session keeps the directory the command started in: a command
-that replaces its shell with ``exec``, replaces the EXIT trap, or SIGKILLs its own shell.
+Each command runs as ``[sandbox prefix] python -I -S _reaper.py REPORT_FD PARENT CWD --
+/bin/bash -c COMMAND bash`` (see :mod:`lemon_exec.shell._reaper`). The command string is
+passed to ``bash -c`` untouched, and its environment is the server's, unchanged: it behaves
+exactly as a plain ``bash -c "command"`` (same ``$0`` and empty ``$@``, line numbers, error
+messages, ``set -x`` output, ``BASH_ENV``). The wrapper learns the directory the shell
+finished in from ``/proc`` and reports it on a pipe the command never holds.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shlex
-import shutil
-import tempfile
-from collections.abc import Iterator
+import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+from lemon_exec.kernel import supervise
+
+from . import _reaper
 
 BASH = "/bin/bash"
+#: The wrapper script, run by path (``-S``: no site-packages needed).
+REAPER = str(Path(_reaper.__file__).resolve())
 
 # ``$0`` of the command, as for ``bash -c "command"`` typed at a prompt.
 _ARG0 = "bash"
 
 
 @dataclass(frozen=True)
-class Launch:
-    """Everything needed to start one command."""
+class Report:
+    """What the wrapper says about the shell once it has ended."""
 
-    argv: list[str]
-    env: dict[str, str]
-    # Where the EXIT trap writes the final directory; read it with ``read_cwd_file``.
-    cwd_file: str
-
-
-@contextlib.contextmanager
-def prepared_launch(command: str) -> Iterator[Launch]:
-    """Prepare the init file for one call; remove it (and the report) afterwards."""
-    workdir = tempfile.mkdtemp(prefix="lemon-shell-")  # mode 0700
-    try:
-        cwd_file = os.path.join(workdir, "cwd")
-        init_file = os.path.join(workdir, "init.sh")
-        env = dict(os.environ)
-        # POSIX mode makes bash ignore BASH_ENV, so it is switched on only in the init file.
-        init = _init_script(cwd_file, env.pop("BASH_ENV", None), env.pop("POSIXLY_CORRECT", None))
-        fd = os.open(init_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as handle:
-            handle.write(init)
-        env["BASH_ENV"] = init_file
-        yield Launch(argv=[BASH, "-c", command, _ARG0], env=env, cwd_file=cwd_file)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    #: As Popen gives it: the exit status, or -N after death by signal N.
+    returncode: int
+    #: ``ok`` (``cwd`` is known), ``unknown``, ``untraced`` (ptrace refused here) or
+    #: ``nocwd`` (the start directory could not be entered; nothing ran).
+    state: str
+    #: The directory the shell finished in, when ``state`` is ``ok``.
+    cwd: str | None
 
 
-def _init_script(cwd_file: str, bash_env: str | None, posixly_correct: str | None) -> str:
-    """Return the text of the init file that ``BASH_ENV`` points at."""
-    # The first group silences ``set -x`` tracing of the trap itself; ``builtin`` bypasses
-    # user functions named pwd/printf/set/exit; ``>|`` bypasses ``set -o noclobber``;
-    # ``printf $PWD`` covers a directory deleted under the shell, where ``pwd -P`` fails.
-    trap_body = (
-        "{ __lemon_status=$?; builtin set +xv; } 2>/dev/null; "
-        '{ builtin pwd -P || builtin printf "%s\\n" "$PWD"; } >| '
-        f"{shlex.quote(cwd_file)} 2>/dev/null; "
-        'builtin exit "$__lemon_status"'
-    )
-    lines = ["builtin unset BASH_ENV"]
-    if bash_env:
-        lines.append(f"BASH_ENV={shlex.quote(bash_env)}; builtin export BASH_ENV")
-        lines.append('if [ -r "$BASH_ENV" ]; then builtin . "$BASH_ENV"; fi')
-    lines.append(f"builtin trap {shlex.quote(trap_body)} EXIT")
-    if posixly_correct is not None:
-        lines.append(
-            f"POSIXLY_CORRECT={shlex.quote(posixly_correct)}; builtin export POSIXLY_CORRECT"
-        )
-    return "\n".join(lines) + "\n"
+def wrapper_argv(
+    command: str, *, report_fd: int, cwd: str, watch_host: bool, prefix: Sequence[str] = ()
+) -> list[str]:
+    """The argv of one command. ``watch_host``: the wrapper watches this process (the host)
+    and kills the command's tree when it dies; otherwise it watches its own parent (a
+    sandbox's init, which dies with the host)."""
+    parent = os.getpid() if watch_host else 0
+    return [
+        *prefix,
+        sys.executable,
+        "-I",
+        "-S",
+        REAPER,
+        str(report_fd),
+        str(parent),
+        cwd,
+        "--",
+        BASH,
+        "-c",
+        command,
+        _ARG0,
+    ]
 
 
-def read_cwd_file(path: str) -> str | None:
-    """Return the directory the trap wrote, or ``None`` if it wrote nothing usable."""
-    try:
-        with open(path, "rb") as handle:
-            data = handle.read()
-    except OSError:
+def parse_report(data: bytes) -> Report | None:
+    """The wrapper's report, or ``None`` while it is incomplete (or if it sent none)."""
+    parts = data.split(b"\n", 3)
+    if len(parts) != 4:
         return None
-    # pwd ends its output with exactly one newline; a directory name may itself end in one.
-    if data.endswith(b"\n"):
-        data = data[:-1]
-    if not data.startswith(b"/"):
+    head, state, size, cwd = parts
+    try:
+        returncode, length = int(head), int(size)
+    except ValueError:
         return None
-    # fsdecode keeps undecodable bytes (surrogateescape), so the path round-trips to Popen.
-    return os.fsdecode(data)
+    if len(cwd) != length:
+        return None
+    text = state.decode("ascii", "replace")
+    known = text == _reaper.OK and cwd.startswith(b"/")
+    # fsdecode keeps undecodable bytes (surrogateescape), so the path round-trips to exec.
+    return Report(returncode, text, os.fsdecode(cwd) if known else None)
+
+
+def wrapper_pid(root: int) -> int | None:
+    """The wrapper's PID: ``root`` itself, or (under a sandbox) the first process below it
+    that runs the wrapper script. Parents come first, so a copy the command starts later
+    is never taken for it."""
+    for pid in (root, *supervise.descendants(root)):
+        argv = supervise.proc_cmdline(pid)
+        if len(argv) > 3 and argv[3] == os.fsencode(REAPER):
+            return pid
+    return None

@@ -319,14 +319,16 @@ async def test_cancelled_execute_command_kills_the_process_group(
     tmp_path: Path, mode: str, reap: list[tuple[int, bool]]
 ) -> None:
     pid_file = tmp_path / "bash.pid"
-    # bash leads the command's own process group; sleep is its child in that group.
+    # The command's wrapper leads its own process group; bash and sleep are in it.
     command = f"echo $$ > {pid_file}; sleep 60; echo never"
     async with Client(_server(tmp_path, only_shell=True), mode=mode) as client:
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.call_tool, "execute_command", {"command": command})
-            pgid = await anyio.to_thread.run_sync(read_pid, pid_file)
+            bash = await anyio.to_thread.run_sync(read_pid, pid_file)
+            pgid = os.getpgid(bash)
             reap.append((pgid, True))
             tg.cancel_scope.cancel()
+        assert await anyio.to_thread.run_sync(gone, bash)
         assert await anyio.to_thread.run_sync(lambda: gone(pgid, group=True))
         after = await client.call_tool("execute_command", {"command": "echo ok"})
     assert after.structured_content is not None

@@ -118,9 +118,11 @@ async def test_stdio_cancelled_calls_leave_no_process(
         async with anyio.create_task_group() as tg:
             command = f"echo $$ > {bash_file}; sleep 60"
             tg.start_soon(client.call_tool, "execute_command", {"command": command})
-            bash_group = await anyio.to_thread.run_sync(read_pid, bash_file)
+            bash = await anyio.to_thread.run_sync(read_pid, bash_file)
+            bash_group = os.getpgid(bash)
             reap.append((bash_group, True))
             tg.cancel_scope.cancel()
+        assert await anyio.to_thread.run_sync(gone, bash)
         assert await anyio.to_thread.run_sync(lambda: gone(bash_group, group=True))
 
         after = await client.call_tool("execute_command", {"command": "echo ok"})

@@ -142,10 +142,14 @@ def test_callers_bash_env_and_posix_mode_are_kept(
     rc = tmp_path / "rc.sh"
     rc.write_text("greet() { echo hi from rc; }\n")
     monkeypatch.setenv("BASH_ENV", str(rc))
-    monkeypatch.setenv("POSIXLY_CORRECT", "1")
-    result = session.execute_command('greet; echo "$BASH_ENV"; shopt -qo posix && echo posix; cd /')
-    assert result["stdout"] == f"hi from rc\n{rc}\nposix\n"
+    result = session.execute_command('greet; echo "$BASH_ENV"; cd /')
+    assert result["stdout"] == f"hi from rc\n{rc}\n"
     assert session.cwd == "/"
+    # As in a plain bash -c: POSIX mode, in which bash does not read BASH_ENV.
+    monkeypatch.setenv("POSIXLY_CORRECT", "1")
+    result = session.execute_command("shopt -qo posix && echo posix; cd /etc")
+    assert result["stdout"] == "posix\n"
+    assert session.cwd == real("/etc")
 
 
 @pytest.mark.timeout(10)
