@@ -27,6 +27,7 @@ from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.limits import LimitSpec
 from lemon_exec.host.local_backend import LocalBackend
+from lemon_exec.host.private_fs import DISK_FULL, describe_os_error
 from lemon_exec.host.reaper import SpillReaper
 from lemon_exec.host.sandbox import spec_from_config
 from lemon_exec.host.staging import StagingRoot, check_socket_room
@@ -143,8 +144,15 @@ class Engine:
             if time.monotonic() - started >= self.start_timeout_s:
                 raise StartTimeout(str(exc)) from exc
             raise
-        except OSError as exc:  # e.g. the fork server died mid-request
-            raise KernelStartError(f"execute_code: could not start a kernel: {exc}") from exc
+        except OSError as exc:  # e.g. the fork server died mid-request, or a full disk
+            if exc.errno in DISK_FULL:  # the kernel's files in runtime/ could not be written
+                raise StagingStartError(
+                    "execute_code: could not create a private workspace: cannot write a "
+                    f"kernel's files in {self.staging.runtime_dir}: {describe_os_error(exc)}"
+                ) from exc
+            raise KernelStartError(
+                f"execute_code: could not start a kernel: {describe_os_error(exc)}"
+            ) from exc
         finally:
             self.telemetry.emit(
                 "kernel.start",
@@ -232,8 +240,12 @@ class StartTimeout(KernelStartError):
     """A kernel start that ran out of its startup time."""
 
 
+class StagingStartError(KernelStartError):
+    """A kernel start that could not write its files in the staging root (a full disk)."""
+
+
 def _join_path(first: str, rest: str | None) -> str:
     return first if not rest else first + os.pathsep + rest
 
 
-__all__ = ["Engine", "StartTimeout"]
+__all__ = ["Engine", "StagingStartError", "StartTimeout"]
