@@ -57,26 +57,33 @@ class Disk:
         return sorted(p.name for p in self.path.iterdir())
 
 
-@pytest.fixture
-def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
-    """A 16 MiB tmpfs as ``TMPDIR`` (short path: ipc socket paths are limited)."""
+@contextlib.contextmanager
+def tmpfs(options: str) -> Iterator[Path]:
+    """A tmpfs mounted with ``options`` on a short path (ipc socket paths are limited)."""
     path = Path(tempfile.mkdtemp(prefix="lxt-", dir="/tmp"))
     mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "tmpfs", str(path)],
+        ["mount", "-t", "tmpfs", "-o", f"{options},mode=0700", "tmpfs", str(path)],
         capture_output=True,
         text=True,
     )
     if mounted.returncode != 0:
         os.rmdir(path)
         pytest.fail(f"these tests mount a tmpfs and need root (as in CI): {mounted.stderr}")
-    monkeypatch.setenv("TMPDIR", str(path))
     try:
-        yield Disk(path)
+        yield path
     finally:
         # A kernel still stopping may hold the mount: detach it now, gone once they are.
         if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
             subprocess.run(["umount", "-l", str(path)], check=True)
         os.rmdir(path)
+
+
+@pytest.fixture
+def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
+    """A 16 MiB tmpfs as ``TMPDIR``."""
+    with tmpfs("size=16m") as path:
+        monkeypatch.setenv("TMPDIR", str(path))
+        yield Disk(path)
 
 
 @pytest.fixture
@@ -253,3 +260,33 @@ def test_output_spill_failing_mid_run_keeps_the_run_and_says_so(
     assert result.details["full_output_path"], result.content[-300:]
     assert Path(result.details["full_output_path"]).stat().st_size == 8192 * 1024
     facade.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["per_call", "session"])
+def test_a_disk_that_fills_at_any_step_of_a_start_gives_a_result(
+    monkeypatch: pytest.MonkeyPatch, mode: str, tmp_path: Path
+) -> None:
+    """One more file (inode) each time: the disk fills at every step from the staging root
+    to the kernel's last socket. Each is a refusal naming the full disk (never an exception,
+    never a wait for the startup timeout) and leaves nothing, until the run fits."""
+    scope = SessionScope("s", "a", cwd=tmp_path)
+    for inodes in range(2, 60):
+        with tmpfs(f"size=16m,nr_inodes={inodes}") as path:
+            monkeypatch.setenv("TMPDIR", str(path))
+            facade = ExecuteCode(enabled_config(kernel_mode=mode, timeout_ms=30_000))
+            try:
+                result = facade.run_sync("print('ran')", scope=scope)
+            finally:
+                facade.close()
+            assert os.listdir(path) == [], (inodes, os.listdir(path))
+        if result.content == "ran\n":
+            break
+        where = f"with {inodes} inodes: {result.content}"
+        assert WORKSPACE_REFUSED in result.content, where
+        assert "No space left on device" in result.content, where
+        assert result.details["exit_code"] is None, where
+        assert result.details.get("startup_error") in (None, "staging"), where
+    else:
+        pytest.fail("the run never fitted")
+    assert inodes > 10  # it did fill at the kernel's own files first

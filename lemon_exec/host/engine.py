@@ -55,7 +55,11 @@ class Engine:
         check_socket_room(staging_base)  # the local backend binds ipc sockets below it
         hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         self.staging = StagingRoot.create(staging_base)
-        self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+        try:
+            self._pypath = self._make_pypath()
+        except BaseException:
+            self.staging.close()  # nothing of a host that never started is left behind
+            raise
         #: A kernel not ready within this many seconds failed to start (tests lower it).
         self.start_timeout_s = STARTUP_TIMEOUT_S
         self._background: set[asyncio.Task[Any]] = set()
@@ -107,12 +111,16 @@ class Engine:
         Raises ``RefusedError`` when it cannot be made private again (fail closed).
         """
         self.staging.ensure()
+        self._pypath = self._make_pypath()
+
+    def _make_pypath(self) -> str:
+        """The kernels' PYTHONPATH directory in the staging root, made if missing."""
         try:
-            self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+            return kernel_pythonpath(self.staging.path / "pypath")
         except OSError as exc:
             raise RefusedError(
-                f"execute_code: could not create a private workspace: cannot recreate "
-                f"{self.staging.path / 'pypath'}: {exc}"
+                f"execute_code: could not create a private workspace: cannot create "
+                f"{self.staging.path / 'pypath'}: {describe_os_error(exc)}"
             ) from None
 
     # -- kernels -------------------------------------------------------------------------------
@@ -143,6 +151,12 @@ class Engine:
         except KernelStartError as exc:
             if time.monotonic() - started >= self.start_timeout_s:
                 raise StartTimeout(str(exc)) from exc
+            if not isinstance(exc, StagingStartError) and _disk_full(str(exc)):
+                # The kernel itself could not bind its sockets in runtime/ (zmq's ENOSPC).
+                raise StagingStartError(
+                    "execute_code: could not create a private workspace: the kernel could "
+                    f"not create its sockets in {self.staging.runtime_dir}: {exc}"
+                ) from exc
             raise
         except OSError as exc:  # e.g. the fork server died mid-request, or a full disk
             if exc.errno in DISK_FULL:  # the kernel's files in runtime/ could not be written
@@ -242,6 +256,11 @@ class StartTimeout(KernelStartError):
 
 class StagingStartError(KernelStartError):
     """A kernel start that could not write its files in the staging root (a full disk)."""
+
+
+def _disk_full(message: str) -> bool:
+    """Whether a kernel's own start failure (its last words, as text) names a full disk."""
+    return any(os.strerror(code) in message for code in DISK_FULL)
 
 
 def _join_path(first: str, rest: str | None) -> str:

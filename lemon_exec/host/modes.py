@@ -462,7 +462,11 @@ def start_failure(exc: KernelStartError, details: dict[str, Any]) -> ExecuteCode
         kind = "staging"
     else:
         kind = "failed"
-    return refusal(str(exc), {**details, "startup_failed": True, "startup_error": kind})
+    message = str(exc)
+    reason = details.get("fallback_reason")
+    if reason is not None:  # a session call's isolated fallback: say that it was one
+        message = f"{fallback_failed_note(reason)}\n\n{message}"
+    return refusal(message, {**details, "startup_failed": True, "startup_error": kind})
 
 
 __all__ = ["Modes", "finish", "staging_refused", "start_failure", "workspace_refused"]
