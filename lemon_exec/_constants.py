@@ -28,3 +28,10 @@ SPILL_PREFIX = "lemon-exec-output-"
 
 # Most directory entries one bounded tree removal visits before it gives up.
 REMOVE_TREE_MAX_ENTRIES = 10_000
+
+# Defaults of `lemon-exec mcp --http`'s bounds on slow and idle clients (lemon_exec.mcp.HttpLimits;
+# here so that the CLI's help states them without importing the mcp package).
+HTTP_HEADER_TIMEOUT_S = 10.0
+HTTP_BODY_TIMEOUT_S = 30.0
+HTTP_KEEP_ALIVE_TIMEOUT_S = 5.0
+HTTP_MAX_CONNECTIONS = 100

@@ -240,7 +240,10 @@ def test_capture_goes_on_without_a_spill_dir(
     result = capture_all(10, tmp_path / "missing", "q" * 50)
     assert result.truncated
     assert result.spill_path is None
-    assert result.text == "qqqq\n... [40 bytes truncated] ...\nqqqqqq"
+    assert result.text == (
+        "qqqq\n... [40 bytes truncated] ...\nqqqqqq\n[The full output could not be saved to a "
+        "file: No such file or directory (ENOENT); only the part shown above is kept.]"
+    )
     assert "spill" in caplog.text
     assert format_truncated_output(result) == result.text
 

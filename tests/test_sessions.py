@@ -25,7 +25,7 @@ import pytest
 from support import LoopThread, configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.results import FALLBACK_NOTE, lost_line
+from lemon_exec.host.results import FALLBACK_NOTE, fallback_failed_note, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)
@@ -704,8 +704,10 @@ def test_startup_failed_falls_back(
         with configured(ec, python_path=str(broken_pythons[which])):
             result = await ec.run("print(1)", scope=scope)
         _assert_fallback(result, "startup_failed")
-        # The isolated run cannot start with that interpreter either: a clear error, no hang.
+        # The isolated run cannot start with that interpreter either: a clear error, no hang,
+        # whose first line says that the session's fallback failed too.
         assert result.details["exit_code"] is None
+        assert result.content.startswith(fallback_failed_note("startup_failed") + "\n\n")
         if which == "venv":
             assert "has no ipykernel" in result.content
         snap = ec.snapshot()  # nothing left starting, no stray kernel

@@ -7,11 +7,13 @@ Over HTTP every request needs ``Authorization: Bearer <token>``: the token comes
 ``--token`` or ``LEMON_EXEC_MCP_TOKEN``, else a random one is generated and printed (stderr)
 with the URL. ``--no-auth`` drops the check, and is refused unless the host is loopback.
 
+The ``--http-*`` limits bound slow and idle HTTP clients (:mod:`lemon_exec.mcp._http_limits`).
+
 Exit status: 0 after stdin closed (stdio) or a clean HTTP shutdown, 1 when the HTTP address
 cannot be bound, 2 for usage and configuration errors (bad config, bad --http address or
-token, a non-loopback host without --allow-remote, --no-auth off loopback, the ``mcp``
-package missing), 128 + N after signal N (130 Ctrl-C, 143 SIGTERM), once every kernel has been
-stopped.
+token, an --http-* limit that is not positive or comes without --http, a non-loopback host
+without --allow-remote, --no-auth off loopback, the ``mcp`` package missing), 128 + N after
+signal N (130 Ctrl-C, 143 SIGTERM), once every kernel has been stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ import os
 import sys
 from typing import Any
 
+from lemon_exec._constants import (
+    HTTP_BODY_TIMEOUT_S,
+    HTTP_HEADER_TIMEOUT_S,
+    HTTP_KEEP_ALIVE_TIMEOUT_S,
+    HTTP_MAX_CONNECTIONS,
+)
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 
@@ -31,6 +39,13 @@ EXIT_LISTEN = 1
 EXIT_USAGE = 2
 #: Environment variable holding the HTTP bearer token (``--token`` wins over it).
 TOKEN_ENV = "LEMON_EXEC_MCP_TOKEN"
+#: The ``--http-*`` bounds on slow and idle clients: option name -> HttpLimits field.
+LIMIT_OPTIONS = {
+    "--http-header-timeout": "header_timeout_s",
+    "--http-body-timeout": "body_timeout_s",
+    "--http-keep-alive-timeout": "keep_alive_timeout_s",
+    "--http-max-connections": "max_connections",
+}
 
 
 def register(subparsers: Any) -> None:
@@ -87,6 +102,40 @@ def register(subparsers: Any) -> None:
         "Refused unless the --http host is loopback",
     )
     parser.add_argument(
+        "--http-header-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="close an HTTP connection whose request line and headers are not all in "
+        "within SECONDS of it opening or of its previous response "
+        f"(default {HTTP_HEADER_TIMEOUT_S:g}; a partial request gets 408)",
+    )
+    parser.add_argument(
+        "--http-body-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="close an HTTP connection whose request body is not all in within SECONDS of "
+        f"its headers (default {HTTP_BODY_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--http-keep-alive-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=None,
+        help="close an HTTP connection idle for SECONDS after a response "
+        f"(default {HTTP_KEEP_ALIVE_TIMEOUT_S:g})",
+    )
+    parser.add_argument(
+        "--http-max-connections",
+        metavar="N",
+        type=int,
+        default=None,
+        help="at most N open HTTP connections; past that a new one closes the one that "
+        "has waited longest for a request, or gets 503 when all are serving requests "
+        f"(default {HTTP_MAX_CONNECTIONS})",
+    )
+    parser.add_argument(
         "--config",
         metavar="PATH",
         default=None,
@@ -116,6 +165,7 @@ def mcp_command(args: argparse.Namespace) -> int:
         _error("the MCP server needs the mcp package: pip install 'lemon_exec[mcp]'")
         return EXIT_USAGE
     from lemon_exec.mcp import (
+        HttpLimits,
         ListenFailed,
         NoAuthRefused,
         RemoteHostRefused,
@@ -138,10 +188,22 @@ def mcp_command(args: argparse.Namespace) -> int:
             ("--allow-remote", args.allow_remote),
             ("--token", args.token is not None),
             ("--no-auth", args.no_auth),
+            *((option, _option(args, option) is not None) for option in LIMIT_OPTIONS),
         ):
             if given:
                 _error(f"{flag} only applies to --http")
                 return EXIT_USAGE
+    limits: dict[str, Any] = {}
+    for option, field in LIMIT_OPTIONS.items():
+        if (value := _option(args, option)) is None:
+            continue
+        try:
+            HttpLimits(**{field: value})  # type: ignore[arg-type]  # each field's own type
+        except ValueError as exc:
+            _error(f"{option}: {exc}")
+            return EXIT_USAGE
+        limits[field] = value
+    http_limits = HttpLimits(**limits)
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV)
     if address is not None and token is not None:
         source = "--token" if args.token is not None else TOKEN_ENV
@@ -181,7 +243,12 @@ def mcp_command(args: argparse.Namespace) -> int:
         return run_stdio(server)
     try:
         return run_http(
-            server, *address, token=token, no_auth=args.no_auth, allow_remote=args.allow_remote
+            server,
+            *address,
+            token=token,
+            no_auth=args.no_auth,
+            allow_remote=args.allow_remote,
+            limits=http_limits,
         )
     except (RemoteHostRefused, NoAuthRefused) as exc:
         _error(str(exc))
@@ -189,6 +256,12 @@ def mcp_command(args: argparse.Namespace) -> int:
     except ListenFailed as exc:
         _error(f"cannot listen on {args.http}: {exc.strerror or exc}")
         return EXIT_LISTEN
+
+
+def _option(args: argparse.Namespace, option: str) -> float | int | None:
+    """The value of a ``--http-*`` limit option, None when not given."""
+    value: float | int | None = getattr(args, option.lstrip("-").replace("-", "_"))
+    return value
 
 
 def _error(message: str) -> None:

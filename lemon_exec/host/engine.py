@@ -27,6 +27,7 @@ from lemon_exec.host.index import KernelIndex
 from lemon_exec.host.kernelspec import kernel_pythonpath
 from lemon_exec.host.limits import LimitSpec
 from lemon_exec.host.local_backend import LocalBackend
+from lemon_exec.host.private_fs import DISK_FULL, describe_os_error
 from lemon_exec.host.reaper import SpillReaper
 from lemon_exec.host.sandbox import spec_from_config
 from lemon_exec.host.staging import StagingRoot, check_socket_room
@@ -54,7 +55,11 @@ class Engine:
         check_socket_room(staging_base)  # the local backend binds ipc sockets below it
         hygiene.sweep_dead_hosts(staging_base)  # before the staging sweep removes indexes
         self.staging = StagingRoot.create(staging_base)
-        self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+        try:
+            self._pypath = self._make_pypath()
+        except BaseException:
+            self.staging.close()  # nothing of a host that never started is left behind
+            raise
         #: A kernel not ready within this many seconds failed to start (tests lower it).
         self.start_timeout_s = STARTUP_TIMEOUT_S
         self._background: set[asyncio.Task[Any]] = set()
@@ -106,12 +111,16 @@ class Engine:
         Raises ``RefusedError`` when it cannot be made private again (fail closed).
         """
         self.staging.ensure()
+        self._pypath = self._make_pypath()
+
+    def _make_pypath(self) -> str:
+        """The kernels' PYTHONPATH directory in the staging root, made if missing."""
         try:
-            self._pypath = kernel_pythonpath(self.staging.path / "pypath")
+            return kernel_pythonpath(self.staging.path / "pypath")
         except OSError as exc:
             raise RefusedError(
-                f"execute_code: could not create a private workspace: cannot recreate "
-                f"{self.staging.path / 'pypath'}: {exc}"
+                f"execute_code: could not create a private workspace: cannot create "
+                f"{self.staging.path / 'pypath'}: {describe_os_error(exc)}"
             ) from None
 
     # -- kernels -------------------------------------------------------------------------------
@@ -142,9 +151,22 @@ class Engine:
         except KernelStartError as exc:
             if time.monotonic() - started >= self.start_timeout_s:
                 raise StartTimeout(str(exc)) from exc
+            if not isinstance(exc, StagingStartError) and _disk_full(str(exc)):
+                # The kernel itself could not bind its sockets in runtime/ (zmq's ENOSPC).
+                raise StagingStartError(
+                    "execute_code: could not create a private workspace: the kernel could "
+                    f"not create its sockets in {self.staging.runtime_dir}: {exc}"
+                ) from exc
             raise
-        except OSError as exc:  # e.g. the fork server died mid-request
-            raise KernelStartError(f"execute_code: could not start a kernel: {exc}") from exc
+        except OSError as exc:  # e.g. the fork server died mid-request, or a full disk
+            if exc.errno in DISK_FULL:  # the kernel's files in runtime/ could not be written
+                raise StagingStartError(
+                    "execute_code: could not create a private workspace: cannot write a "
+                    f"kernel's files in {self.staging.runtime_dir}: {describe_os_error(exc)}"
+                ) from exc
+            raise KernelStartError(
+                f"execute_code: could not start a kernel: {describe_os_error(exc)}"
+            ) from exc
         finally:
             self.telemetry.emit(
                 "kernel.start",
@@ -232,8 +254,17 @@ class StartTimeout(KernelStartError):
     """A kernel start that ran out of its startup time."""
 
 
+class StagingStartError(KernelStartError):
+    """A kernel start that could not write its files in the staging root (a full disk)."""
+
+
+def _disk_full(message: str) -> bool:
+    """Whether a kernel's own start failure (its last words, as text) names a full disk."""
+    return any(os.strerror(code) in message for code in DISK_FULL)
+
+
 def _join_path(first: str, rest: str | None) -> str:
     return first if not rest else first + os.pathsep + rest
 
 
-__all__ = ["Engine", "StartTimeout"]
+__all__ = ["Engine", "StagingStartError", "StartTimeout"]

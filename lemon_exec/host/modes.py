@@ -31,9 +31,16 @@ from lemon_exec.host.admission import Admission, Denied, Slot, default_limit
 from lemon_exec.host.backend import KernelHandle
 from lemon_exec.host.bridge import BridgeLimits
 from lemon_exec.host.calls import Call, CallArgs, prepare
-from lemon_exec.host.engine import Engine, StartTimeout
+from lemon_exec.host.engine import Engine, StagingStartError, StartTimeout
 from lemon_exec.host.pool import KernelPool
-from lemon_exec.host.results import build_result, fallback_note, left_queue, lost_line, refusal
+from lemon_exec.host.results import (
+    build_result,
+    fallback_failed_note,
+    fallback_note,
+    left_queue,
+    lost_line,
+    refusal,
+)
 from lemon_exec.host.session_owners import detach_when_collected, new_owner_id
 from lemon_exec.host.session_queue import OwnerGone, QueueLeft
 from lemon_exec.host.session_registry import Fallback, SessionKey, SessionRegistry
@@ -176,11 +183,10 @@ class Modes:
         details = {**call.details, "queue_wait_ms": slot.waited_ms}
         try:
             try:
-                workspace = engine.staging.new_workspace()
-            except RefusedError as exc:
-                return refusal(str(exc), details)
+                workspace = engine.staging.new_workspace(call.script)
+            except RefusedError as exc:  # e.g. a full disk: nothing ran, nothing is left
+                return workspace_refused(exc, details)
             try:
-                engine.staging.write_private_file(workspace, "script.py", call.script)
                 key = self._spare_key(call.interpreter, call.cwd)
                 try:
                     # The replacement spare starts after the run (refill below), not during it.
@@ -452,11 +458,23 @@ def staging_refused(
     exc: RefusedError, details: dict[str, Any], mode: str, telemetry: Telemetry
 ) -> ExecuteCodeResult:
     """The refusal when the private staging root could not be made (fail closed)."""
-    if mode == "session":  # the spec's pre-start fallback; per-call fails closed too
+    if mode == "session":  # the spec's pre-start fallback, which cannot stage either
         details = {**details, "fallback_reason": "startup_failed", "kernel_reused": False}
-        details |= {"startup_failed": True, "startup_error": "staging"}
         telemetry.emit("session.fallback", {}, {"reason": "startup_failed"})
-    return refusal(str(exc), details)
+    return workspace_refused(exc, details)
+
+
+def workspace_refused(exc: RefusedError, details: dict[str, Any]) -> ExecuteCodeResult:
+    """A run refused because its private workspace could not be made: nothing ran.
+
+    A session call's isolated fallback that fails so says first that it was a fallback, and
+    carries the ``startup_failed`` keys, as the spec's startup_failed fallback does.
+    """
+    reason = details.get("fallback_reason")
+    if reason is None:
+        return refusal(str(exc), details)
+    details = {**details, "startup_failed": True, "startup_error": "staging"}
+    return refusal(f"{fallback_failed_note(reason)}\n\n{exc}", details)
 
 
 def start_failure(exc: KernelStartError, details: dict[str, Any]) -> ExecuteCodeResult:
@@ -465,9 +483,15 @@ def start_failure(exc: KernelStartError, details: dict[str, Any]) -> ExecuteCode
         kind = "interpreter"
     elif isinstance(exc, StartTimeout):
         kind = "timeout"
+    elif isinstance(exc, StagingStartError):
+        kind = "staging"
     else:
         kind = "failed"
-    return refusal(str(exc), {**details, "startup_failed": True, "startup_error": kind})
+    message = str(exc)
+    reason = details.get("fallback_reason")
+    if reason is not None:  # a session call's isolated fallback: say that it was one
+        message = f"{fallback_failed_note(reason)}\n\n{message}"
+    return refusal(message, {**details, "startup_failed": True, "startup_error": kind})
 
 
-__all__ = ["Modes", "finish", "staging_refused", "start_failure"]
+__all__ = ["Modes", "finish", "staging_refused", "start_failure", "workspace_refused"]

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lemon_exec._constants import SPILL_PREFIX
+from lemon_exec.host.private_fs import describe_os_error
 
 __all__ = [
     "DEFAULT_MAX_SPILL_BYTES",
@@ -322,6 +323,7 @@ class OutputCapture:
                 continue
             except OSError as exc:
                 logger.warning("execute_code: cannot create output spill file: %s", exc)
+                self._spill_failed(exc)
                 return
             self._spill = os.fdopen(fd, "wb")
             self._spill_path = path
@@ -344,9 +346,17 @@ class OutputCapture:
             return
         self._spilled += len(data)
 
+    def _spill_failed(self, exc: OSError) -> None:
+        """Tell the reader that the output beyond the cap is gone (a full disk, typically)."""
+        self.add_note(
+            f"[The full output could not be saved to a file: {describe_os_error(exc)}; "
+            "only the part shown above is kept.]"
+        )
+
     def _drop_spill(self, exc: OSError) -> None:
         """A spill file missing part of the output would mislead; remove it instead."""
         logger.warning("execute_code: output spill file failed, discarding it: %s", exc)
+        self._spill_failed(exc)
         spill, self._spill = self._spill, None
         if spill is not None:
             with contextlib.suppress(OSError):

@@ -12,6 +12,7 @@ these pieces in :mod:`lemon_exec.host.staging`.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -23,8 +24,10 @@ from lemon_exec.errors import RefusedError
 
 __all__ = [
     "DIR_FLAGS",
+    "DISK_FULL",
     "OWNER_MARKER",
     "check_private_dir",
+    "describe_os_error",
     "ensure_private_dir",
     "is_own_private_dir",
     "pid_alive",
@@ -49,6 +52,28 @@ DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
 def refused(reason: str) -> RefusedError:
     """The error for a private directory or file that cannot be made or used as required."""
     return RefusedError(f"execute_code: could not create a private workspace: {reason}")
+
+
+#: The errnos of a full filesystem (blocks, inodes or quota).
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` for a reader: its message and errno name, plus the fix when the disk is full.
+
+    ``No space left on device (ENOSPC)`` rather than ``[Errno 28] ...``: the errno name is
+    what people search for, and a full disk needs a different fix from a permission problem.
+    """
+    text = exc.strerror or str(exc)
+    name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
+    if name:
+        text = f"{text} ({name})"
+    if exc.errno in DISK_FULL:
+        text += (
+            "; the filesystem of the staging directory (TMPDIR) is full: free space there, "
+            "or set TMPDIR to a directory with room, and try again"
+        )
+    return text
 
 
 def check_private_dir(path: Path) -> None:
@@ -79,7 +104,7 @@ def ensure_private_dir(path: Path) -> None:
     except FileExistsError:
         pass
     except OSError as exc:
-        raise refused(f"cannot create {path}: {exc.strerror or exc}") from None
+        raise refused(f"cannot create {path}: {describe_os_error(exc)}") from None
     check_private_dir(path)
 
 
@@ -131,7 +156,9 @@ def write_owner_marker(directory: Path) -> None:
     try:
         write_private_file(directory, OWNER_MARKER, json.dumps(data))
     except OSError as exc:
-        raise refused(f"cannot write owner marker in {directory}: {exc}") from None
+        raise refused(
+            f"cannot write owner marker in {directory}: {describe_os_error(exc)}"
+        ) from None
 
 
 def read_private_json(path: Path, max_bytes: int) -> Any:

@@ -26,6 +26,7 @@ from lemon_exec.result import ExecuteCodeResult
 __all__ = [
     "ACCOUNTING_NOTICE",
     "DIAGNOSTICS_HEADER",
+    "FALLBACK_FAILED_NOTE",
     "FALLBACK_NOTE",
     "LOST_LINE",
     "LOST_WHY",
@@ -36,6 +37,7 @@ __all__ = [
     "build_result",
     "cell_outcome",
     "cell_untrusted",
+    "fallback_failed_note",
     "fallback_note",
     "headline",
     "left_queue",
@@ -66,6 +68,10 @@ ACCOUNTING_NOTICE = (
 )
 FALLBACK_NOTE = (
     "Note: this call ran isolated in a fresh interpreter ({reason}); its state will not persist."
+)
+FALLBACK_FAILED_NOTE = (
+    "Note: this call could not run in its session ({reason}), and running it isolated in a "
+    "fresh interpreter failed too; nothing ran."
 )
 #: The first line of the result after the session's kernel was replaced, so that the model
 #: learns why its variables are gone instead of meeting a NameError.
@@ -132,6 +138,11 @@ def lost_line(reason: str) -> str:
 def fallback_note(reason: str) -> str:
     """The result's first line when a session call ran isolated per-call instead."""
     return FALLBACK_NOTE.format(reason=reason)
+
+
+def fallback_failed_note(reason: str) -> str:
+    """The result's first line when a session call's isolated fallback could not run either."""
+    return FALLBACK_FAILED_NOTE.format(reason=reason)
 
 
 def cell_untrusted(cell: CellResult) -> bool:

@@ -41,6 +41,7 @@ from lemon_exec.host.private_fs import (
     DIR_FLAGS,
     OWNER_MARKER,
     check_private_dir,
+    describe_os_error,
     ensure_private_dir,
     is_own_private_dir,
     refused,
@@ -160,7 +161,9 @@ class StagingRoot:
         try:
             path = Path(tempfile.mkdtemp(prefix=STAGING_ROOT_PREFIX, dir=base_path))
         except OSError as exc:
-            raise refused(f"cannot create a directory in {base_path}: {exc}") from None
+            raise refused(
+                f"cannot create a directory in {base_path}: {describe_os_error(exc)}"
+            ) from None
         root = cls(path)
         made_runtime = False
         try:
@@ -170,7 +173,7 @@ class StagingRoot:
                 try:
                     os.mkdir(sub, 0o700)  # umask can only clear bits; validated below
                 except OSError as exc:
-                    raise refused(f"cannot create {sub}: {exc}") from None
+                    raise refused(f"cannot create {sub}: {describe_os_error(exc)}") from None
                 check_private_dir(sub)
             # Keys and sockets: under the fixed runtime base, never under ``base``.
             sweep_stale_runtime_dirs(runtime_base())
@@ -237,13 +240,30 @@ class StagingRoot:
             except OSError as exc:
                 raise refused(f"cannot inspect {marker}: {exc.strerror or exc}") from None
 
-    def new_workspace(self) -> Path:
-        """Create and validate a fresh, empty 0700 directory for one run."""
+    def new_workspace(self, script: str | None = None) -> Path:
+        """Create and validate a fresh 0700 directory for one run, holding ``script.py``.
+
+        Every failure, a full disk included, is a ``RefusedError`` naming the cause, and
+        leaves nothing behind: the run is refused before any code starts.
+        """
         try:
             path = Path(tempfile.mkdtemp(prefix="run-", dir=self.work_dir))
         except OSError as exc:
-            raise refused(f"cannot create a directory in {self.work_dir}: {exc}") from None
-        check_private_dir(path)
+            raise refused(
+                f"cannot create a directory in {self.work_dir}: {describe_os_error(exc)}"
+            ) from None
+        try:
+            check_private_dir(path)
+            if script is not None:
+                try:
+                    write_private_file(path, "script.py", script)
+                except OSError as exc:
+                    raise refused(
+                        f"cannot write {path / 'script.py'}: {describe_os_error(exc)}"
+                    ) from None
+        except BaseException:
+            self.remove_workspace(path)
+            raise
         return path
 
     def write_private_file(self, directory: Path, name: str, data: bytes | str) -> Path:

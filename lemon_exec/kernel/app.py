@@ -9,6 +9,7 @@ import logging
 import os
 import sys
 import threading
+import traceback
 from typing import Any
 
 from ipykernel import kernelapp
@@ -94,7 +95,16 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         # ipykernel skips capturing child-process output under pytest; a kernel started by a
         # test must behave like any other.
         os.environ.pop("PYTEST_CURRENT_TEST", None)
-        super().initialize(argv)  # type: ignore[no-untyped-call]
+        try:
+            super().initialize(argv)  # type: ignore[no-untyped-call]
+        except Exception:
+            # E.g. a socket that cannot be bound (a full disk under the runtime directory).
+            # Threads started before (the host link's) would keep a kernel that can never
+            # become ready alive until the host's startup timeout: end now, so the host
+            # reports the reason at once.
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(1)
         restore_optional_modules()  # skipped only for ipykernel's and IPython's own imports
 
     def log_connection_info(self) -> None:

@@ -16,6 +16,7 @@ Needs the ``mcp`` extra (``pip install 'lemon_exec[mcp]'``). See ``docs/mcp.md``
 from __future__ import annotations
 
 from lemon_exec.mcp._serve import (
+    HttpLimits,
     ListenFailed,
     NoAuthRefused,
     RemoteHostRefused,
@@ -36,6 +37,7 @@ __all__ = [
     "AGENT_ID",
     "SERVER_NAME",
     "SHELL_SERVER_NAME",
+    "HttpLimits",
     "LemonExecServer",
     "ListenFailed",
     "NoAuthRefused",

@@ -21,9 +21,11 @@ import anyio
 from mcp.server.transport_security import TransportSecuritySettings
 
 from lemon_exec.mcp._auth import BearerAuth, check_token, new_token
+from lemon_exec.mcp._http_limits import HttpLimits
 from lemon_exec.mcp._server import LemonExecServer
 
 __all__ = [
+    "HttpLimits",
     "ListenFailed",
     "NoAuthRefused",
     "RemoteHostRefused",
@@ -147,8 +149,12 @@ def run_http(
     no_auth: bool = False,
     allow_remote: bool = False,
     path: str = "/mcp",
+    limits: HttpLimits | None = None,
 ) -> int:
     """Serve streamable HTTP on ``http://HOST:PORT/mcp`` until SIGINT/SIGTERM.
+
+    ``limits`` bound slow and idle clients (head and body timeouts, keep-alive, a cap on
+    connections; :mod:`lemon_exec.mcp._http_limits`); default: :class:`HttpLimits`'s.
 
     Every request must send ``Authorization: Bearer <token>`` (else 401). Without ``token``
     a random one is generated and printed to stderr with the URL. ``no_auth`` serves without
@@ -171,6 +177,8 @@ def run_http(
         check_token(token)
     import uvicorn  # the SDK's HTTP runner; imported here so stdio never needs it
 
+    from lemon_exec.mcp._http_protocol import limited_protocol
+
     app: Any = server.streamable_http_app(
         streamable_http_path=path, host=host, transport_security=_transport_security(host)
     )
@@ -186,6 +194,7 @@ def run_http(
         port=port,
         log_level="warning",
         lifespan="on",
+        http=limited_protocol(limits or HttpLimits()),  # bounds slow and idle clients
         # Bounded, so a client holding an SSE stream open cannot stall a SIGTERM; the lifespan
         # (which stops the kernels) runs after this.
         timeout_graceful_shutdown=3,

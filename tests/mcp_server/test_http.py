@@ -8,6 +8,7 @@ import http.client
 import json
 import os
 import queue
+import selectors
 import signal
 import socket
 import subprocess
@@ -17,13 +18,14 @@ import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import anyio
 import httpx2
 import pytest
 from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 
 from lemon_exec.cli import main
-from lemon_exec.cli.mcp import TOKEN_ENV
+from lemon_exec.cli.mcp import LIMIT_OPTIONS, TOKEN_ENV
 from lemon_exec.mcp import is_loopback_host, parse_http_address
 
 from .conftest import lemon_exec_argv
@@ -192,6 +194,146 @@ async def test_http_requires_the_generated_bearer_token(tmp_path: Path) -> None:
     assert command.structured_content["stdout"] == "over-http\n"
 
 
+# --- slow and idle clients (issue 25 item 10) ----------------------------------------------------
+
+#: What a slowloris client sends: a request line and part of the headers, then nothing.
+HALF_SENT = b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: appl"
+
+
+def _connect(url: str, data: bytes) -> socket.socket:
+    parts = urllib.parse.urlsplit(url)
+    sock = socket.create_connection((parts.hostname, parts.port), timeout=10)
+    sock.sendall(data)
+    return sock
+
+
+def _request_head(url: str, token: str, body_length: int) -> bytes:
+    return (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
+        "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+        f"Content-Length: {body_length}\r\n\r\n"
+    ).encode()
+
+
+def _wait_closed(
+    socks: list[socket.socket], within: float, *, enough: int | None = None
+) -> dict[socket.socket, tuple[float, bytes]]:
+    """Read the sockets until the server closes them: ``{sock: (when, what it sent)}``.
+
+    Stops when all (or ``enough``) are closed, or after ``within`` seconds.
+    """
+    selector = selectors.DefaultSelector()
+    received: dict[socket.socket, bytearray] = {}
+    by_fd = {sock.fileno(): sock for sock in socks}
+    for sock in socks:
+        sock.setblocking(False)
+        selector.register(sock, selectors.EVENT_READ)
+        received[sock] = bytearray()
+    closed: dict[socket.socket, tuple[float, bytes]] = {}
+    deadline = time.monotonic() + within
+    want = len(socks) if enough is None else enough
+    while len(closed) < want and (left := deadline - time.monotonic()) > 0:
+        for key, _ in selector.select(min(left, 0.5)):
+            sock = by_fd[key.fd]
+            try:
+                data = sock.recv(65536)
+            except ConnectionResetError:
+                data = b""
+            if data:
+                received[sock] += data
+                continue
+            selector.unregister(sock)
+            closed[sock] = (time.monotonic(), bytes(received[sock]))
+    selector.close()
+    return closed
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_http_closes_half_sent_requests_and_serves_the_token_holder_meanwhile(
+    tmp_path: Path,
+) -> None:
+    # The cap is above the 300 here: they are closed by the timer (the next test: by the cap).
+    args = ("--http-header-timeout", "3", "--http-max-connections", "400")
+    with http_server(tmp_path, *args) as (server, url):
+        token = server.token
+        assert token is not None
+        opened = time.monotonic()
+        slow = [_connect(url, HALF_SENT) for _ in range(300)]
+        # One that trickles a header byte at a time: activity does not reset the timer.
+        trickler = _connect(url, b"POST /mcp HTTP/1.1\r\nX-Slow: ")
+        stop = threading.Event()
+
+        def trickle() -> None:
+            with contextlib.suppress(OSError):
+                while not stop.wait(0.25):
+                    trickler.send(b"a")
+
+        threading.Thread(target=trickle, daemon=True).start()
+        try:
+            with anyio.fail_after(30):  # at once: nothing waits behind the 300
+                async with bearer_client(url, token) as client:
+                    code = await client.call_tool("execute_code", {"script": "text(6 * 7)"})
+            closed = _wait_closed([*slow, trickler], within=60)
+        finally:
+            stop.set()
+            for sock in [*slow, trickler]:
+                sock.close()
+    assert not code.is_error and "42" in code.content[0].text  # type: ignore[union-attr]
+    assert len(closed) == 301, f"{301 - len(closed)} slow connections are still open"
+    for when, reply in closed.values():
+        assert when - opened >= 3 - 0.05  # never before the header timeout
+        assert reply.startswith(b"HTTP/1.1 408 "), reply
+        assert b"--http-header-timeout" in reply
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_http_connection_cap_evicts_waiting_clients_and_bounds_bodies(
+    tmp_path: Path,
+) -> None:
+    args = ["--only", "shell", "--http-max-connections", "20", "--http-header-timeout", "120"]
+    args += ["--http-body-timeout", "3", "--http-keep-alive-timeout", "1"]
+    with http_server(tmp_path, *args) as (server, url):
+        token = server.token
+        assert token is not None
+        # 100 half-sent requests against a cap of 20: the oldest waiting ones are closed
+        # at once, long before the 120 s header timeout.
+        slow = [_connect(url, HALF_SENT) for _ in range(100)]
+        evicted = _wait_closed(slow, within=20, enough=80)
+        assert len(evicted) >= 80
+        assert all(reply == b"" for _, reply in evicted.values())
+        with anyio.fail_after(30):  # served at once: its connection evicts a waiting one
+            async with bearer_client(url, token) as client:
+                result = await client.call_tool("execute_command", {"command": "echo served"})
+        assert result.structured_content is not None
+        assert result.structured_content["stdout"] == "served\n"
+
+        # 20 authenticated requests whose bodies never end fill the cap with requests in
+        # service: a 21st connection is refused with 503 (nothing waiting to close)...
+        body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}).encode()
+        sent = time.monotonic()
+        stuck = [_connect(url, _request_head(url, token, len(body)) + body[:5]) for _ in range(20)]
+        time.sleep(0.5)
+        refused = _connect(url, HALF_SENT)
+        (_, reply), *_ = _wait_closed([refused], within=10).values()
+        assert reply.startswith(b"HTTP/1.1 503 "), reply
+        assert b"--http-max-connections" in reply
+        # ...and the body timeout then closes them.
+        closed = _wait_closed(stuck, within=30)
+        assert len(closed) == 20
+        assert all(when - sent >= 3 - 0.05 for when, _ in closed.values())
+
+        # Idle after a response: closed after the keep-alive timeout.
+        sent = time.monotonic()
+        idle = _connect(url, _request_head(url, "wrong-" + "t" * 20, len(body)) + body)
+        (when, reply), *_ = _wait_closed([idle], within=10).values()
+        assert reply.startswith(b"HTTP/1.1 401 "), reply
+        assert 1 - 0.05 <= when - sent < 60  # the keep-alive timer's, not the header timer's
+        for sock in (*slow, *stuck, refused, idle):
+            sock.close()
+
+
 @pytest.mark.anyio
 async def test_http_token_from_the_environment(tmp_path: Path) -> None:
     token = "env-token-" + "k" * 20
@@ -277,6 +419,11 @@ def test_http_refuses_non_loopback_hosts(host: str, capsys: pytest.CaptureFixtur
         ["mcp", "--http", "127.0.0.1:8765", "--token", "has spaces in the token"],
         ["mcp", "--http", "127.0.0.1:8765", "--token", "t" * 20, "--no-auth"],
         ["mcp", "--config", "/nonexistent/lemon.toml"],
+        ["mcp", "--http-header-timeout", "5"],
+        ["mcp", "--http", "127.0.0.1:8765", "--http-header-timeout", "0"],
+        ["mcp", "--http", "127.0.0.1:8765", "--http-body-timeout", "-1"],
+        ["mcp", "--http", "127.0.0.1:8765", "--http-keep-alive-timeout", "nan"],
+        ["mcp", "--http", "127.0.0.1:8765", "--http-max-connections", "0"],
     ],
 )
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -321,4 +468,6 @@ def test_mcp_help_names_the_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert exc.value.code == 0
     out = capsys.readouterr().out
     for option in ("--only", "--http", "--allow-remote", "--token", "--no-auth", "--config"):
+        assert option in out
+    for option in LIMIT_OPTIONS:
         assert option in out
