@@ -90,6 +90,16 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def state(pid: int) -> tuple[str, int] | None:
+    """``(state letter, CPU ticks used)`` of ``pid`` (``T``: stopped, ``t``: traced, ``Z``:
+    zombie; ticks: user plus system time), None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return (fields[0], int(fields[11]) + int(fields[12])) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
