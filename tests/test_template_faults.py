@@ -203,9 +203,11 @@ def test_a_spare_of_a_dead_template_is_never_handed_out(short_dir: Path) -> None
         try:
             template = await forked_template(ec)
             deadline = time.monotonic() + 30
-            while len(spares := supervise.children(template)) < 2:
-                assert time.monotonic() < deadline, "no spares were forked"
+            # Both spares ready, and the used kernel gone: the template's children are spares.
+            while ec.snapshot().get("spares") != 2 or len(supervise.children(template)) != 2:
+                assert time.monotonic() < deadline, f"no spares were forked: {ec.snapshot()}"
                 await asyncio.sleep(0.1)
+            spares = supervise.children(template)
             for pid in spares:
                 os.kill(pid, signal.SIGSTOP)
             os.kill(template, signal.SIGKILL)
