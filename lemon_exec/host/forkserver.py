@@ -15,7 +15,7 @@ whose options it cannot apply starts cold under bwrap, never in the template's v
 A template that cannot answer is retired: it forks nothing more, waiting requests fail at
 once (their kernels start cold), and the backend replaces it. While a request waits, the
 template's ``/proc`` state is read every ``_CHECK_S``: stopped (SIGSTOP from a script, ``T``)
-or traced (``t``) means retired at once; sleeping without using any CPU for
+or traced (``t``) on two checks in a row means retired; sleeping without using any CPU for
 ``_WEDGE_FACTOR`` times its slowest recent answer (at least ``_WEDGE_MIN_S``) means wedged,
 retired too. A loaded machine shows as a runnable template, or one that uses CPU: it is
 waited for, up to ``_REQUEST_TIMEOUT_S``, as before. A retired template is not killed while
@@ -39,6 +39,7 @@ import itertools
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -363,14 +364,16 @@ class ForkServer:
         before = self._usage()
         # Ten times the slowest recent answer: a loaded host slows every answer alike.
         wedged_after = max(_WEDGE_MIN_S, _WEDGE_FACTOR * max(self._answer_times, default=0.0))
+        suspect: str | None = None  # what the last check found wrong
         while not waiter.done():
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(waiter), _CHECK_S)
                 break
             waited = time.monotonic() - sent
             now = self._usage()
+            found: str | None = None
             if now is not None and now[0] in ("T", "t"):
-                self.retire("was stopped")
+                found = "was stopped"
             elif (
                 waited >= wedged_after
                 and now is not None
@@ -378,13 +381,28 @@ class ForkServer:
                 and now[0] not in ("R", "D")  # runnable or in I/O: a busy host, not a wedge
                 and now[1] == before[1]
             ):
-                self.retire(f"sent no answer in {waited:.1f} s, idle")
+                found = f"sent no answer in {waited:.1f} s, idle"
+            if found is not None and self._unread():
+                found = None  # it answered; a busy loop has not read it yet
+            # Twice in a row: a reply that came just before the check has been read by then.
+            if found is not None and suspect is not None:
+                self.retire(found)
             elif waited >= _REQUEST_TIMEOUT_S:
                 raise TimeoutError(f"fork server did not answer within {_REQUEST_TIMEOUT_S:g} s")
+            suspect = found
         reply = waiter.result()
         if "pid" in reply:
             self._answer_times.append(time.monotonic() - sent)
         return reply
+
+    def _unread(self) -> bool:
+        """Whether the template sent something the host has not read yet."""
+        if self._sock is None:
+            return False
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
 
     def _usage(self) -> tuple[str, int] | None:
         pid = self.template_pid
