@@ -10,6 +10,7 @@ in per-call and session mode, for forked and cold kernels, under the host's usua
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import stat
@@ -151,3 +152,37 @@ def test_host_link_socket_is_created_owner_only(short_base: Path) -> None:
         assert stat.S_IMODE(st.st_mode) == 0o600
     finally:
         link.close()
+
+
+def test_a_kernel_never_writes_back_a_connection_file_removed_under_it(tmp_path: Path) -> None:
+    """A forked kernel still starting when its template was killed lost its connection file
+    to its parent watch, then wrote it back: jupyter_client set the sticky bit on runtime/
+    (1700), and the host refused every later call ("could not create a private workspace")."""
+    from jupyter_client.session import Session
+
+    from lemon_exec.kernel.app import LemonKernelApp
+
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    connection = runtime / "kernel-x.json"
+    info = {
+        "ip": str(runtime / "k"),
+        "transport": "ipc",
+        "key": "secret",
+        "signature_scheme": "hmac-sha256",
+        "shell_port": 1,
+        "iopub_port": 2,
+        "stdin_port": 3,
+        "control_port": 4,
+        "hb_port": 5,
+    }
+    fd = os.open(connection, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(info, fh)
+    app = LemonKernelApp(connection_file=str(connection))
+    app.init_connection_file()  # the host's file, loaded
+    app.session = Session(key=b"secret")
+    connection.unlink()  # its parent watch (or the host) removed the key
+    app.write_connection_file()
+    assert not connection.exists(), "the removed connection file was written back"
+    assert stat.S_IMODE(runtime.stat().st_mode) == 0o700

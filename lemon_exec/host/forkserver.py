@@ -491,9 +491,11 @@ class ForkedProcess:
 
     @property
     def orphaned(self) -> bool:
-        """Whether its template is gone: the kernel dies with it, if it has not yet (its
-        parent watch kills it), so it must not be handed out."""
-        return not self._server.running
+        """Whether its template is gone, or killed and about to be: the kernel dies with it,
+        if it has not yet (its parent watch kills it), so it must not be handed out."""
+        server = self._server
+        pid = server.template_pid
+        return not server.running or (pid is not None and supervise.kill_pending(pid))
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

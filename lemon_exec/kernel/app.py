@@ -22,7 +22,7 @@ from traitlets.config import Config
 from traitlets.config.application import catch_config_error
 from traitlets.utils.nested_update import nested_update
 
-from lemon_exec.kernel import helpers, prebuilt
+from lemon_exec.kernel import helpers, prebuilt, supervise
 from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
@@ -89,6 +89,8 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
     host_link: HostLink | None = None
     #: The process's umask while init_sockets..init_heartbeat hold SOCKET_UMASK.
     _umask: int | None = None
+    #: Whether the connection file existed when the kernel started (the host wrote it).
+    _given_connection_file = False
     outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
         config=True
     )
@@ -165,6 +167,21 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         self.cli_config = config
         self.update_config(config)
         self.extra_args = []
+
+    def init_connection_file(self) -> None:
+        super().init_connection_file()  # type: ignore[no-untyped-call]
+        self._given_connection_file = os.path.exists(self.abs_connection_file)
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        # A connection file the kernel was given and that is gone now was removed on
+        # purpose: by its parent watch when its host or template died (the kernel is on its
+        # way out), or by the host. Never written back: that would resurrect the key, and
+        # jupyter_client would set the sticky bit on the host's runtime directory, whose
+        # mode the host checks before every call (a 1700 runtime/ refused them all).
+        with supervise.connection_file_lock:
+            if self._given_connection_file and not os.path.exists(self.abs_connection_file):
+                return
+            super().write_connection_file(**kwargs)
 
     def init_sockets(self) -> None:
         # Every socket file is 0600 from its creation (no chmod afterwards, no window): the
