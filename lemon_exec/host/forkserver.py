@@ -203,8 +203,15 @@ class ForkServer:
 
     @property
     def alive(self) -> bool:
-        """Running and not retired: it may fork."""
-        return not self.retired and self.running
+        """Running, not retired and not killed (a SIGKILL pending): it may fork."""
+        return not self.retired and self.running and not self.killed
+
+    @property
+    def killed(self) -> bool:
+        """Whether the template has a SIGKILL pending: it dies, with its kernels, as soon as
+        it next runs (on a busy host a while later, and until then it looks alive)."""
+        pid = self.template_pid
+        return pid is not None and supervise.kill_pending(pid)
 
     @property
     def running(self) -> bool:
@@ -493,9 +500,7 @@ class ForkedProcess:
     def orphaned(self) -> bool:
         """Whether its template is gone, or killed and about to be: the kernel dies with it,
         if it has not yet (its parent watch kills it), so it must not be handed out."""
-        server = self._server
-        pid = server.template_pid
-        return not server.running or (pid is not None and supervise.kill_pending(pid))
+        return not self._server.running or self._server.killed
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
