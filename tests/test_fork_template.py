@@ -1,4 +1,5 @@
-"""What the fork-server template does so that its kernels copy fewer of its pages (issue 17).
+"""What the fork-server template does so that its kernels copy fewer of its pages (issue 17),
+and what its kernels share with it (the string-hash secret, issue 26 item 9).
 
 The effect is measured by the benchmark (``sessions64_idle_pss_mb``); these tests check
 that each piece does what it says, in a process of its own.
@@ -6,11 +7,14 @@ that each piece does what it says, in a process of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
 
 import pytest
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 pytestmark = [
     pytest.mark.timeout(60),
@@ -75,3 +79,60 @@ def test_a_forked_kernel_gets_exactly_the_requested_environment() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == {"python": True, "libc": True}
+
+
+HASH_PROBE = """
+import os
+parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
+print("FORKED" if b"lemon_exec.kernel.forkserver" in parent else "COLD", hash("lemon-x"))
+"""
+
+
+@pytest.mark.slow
+def test_forked_kernels_share_their_templates_hash_secret_and_only_theirs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """docs/security.md, "Forked kernels and their template": hash("x") is the same in the
+    kernels of one template, and differs across templates (facades) and cold kernels."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)  # a fixed seed: the same everywhere
+
+    def facade(fork_server: bool) -> ExecuteCode:
+        return ExecuteCode(
+            ExecuteCodeConfig(
+                enabled=True,
+                warm_kernels=0,
+                python_path=sys.executable,
+                fork_server=fork_server,
+                timeout_ms=30_000,
+            )
+        )
+
+    async def hashes(ec: ExecuteCode, start: str, count: int) -> list[str]:
+        found: list[str] = []
+        for _ in range(100):
+            result = await ec.run(HASH_PROBE)
+            kind, value = result.content.split()
+            if kind == start:
+                found.append(value)
+                if len(found) == count:
+                    return found
+            else:
+                await asyncio.sleep(0.2)  # the template is still starting
+        raise AssertionError(f"no {start} kernels: {found}")
+
+    async def main() -> tuple[list[str], list[str], list[str]]:
+        one, two, cold = facade(True), facade(True), facade(False)
+        try:
+            return (
+                await hashes(one, "FORKED", 2),
+                await hashes(two, "FORKED", 1),
+                await hashes(cold, "COLD", 2),
+            )
+        finally:
+            for ec in (one, two, cold):
+                await ec.aclose()
+
+    same_template, other_template, cold = asyncio.run(main())
+    assert same_template[0] == same_template[1]
+    assert other_template[0] != same_template[0]
+    assert cold[0] != cold[1]

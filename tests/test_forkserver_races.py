@@ -2,6 +2,8 @@
 
 A real fork-server template forks real kernels. The template is SIGSTOPped so one request
 goes unanswered (timeout, or the caller cancels); after SIGCONT its late reply arrives. The
+host would retire a stopped template (test_template_faults.py): here it is made to read the
+template as runnable, as on a loaded host, where a late answer is what happens. The
 next request must get its own kernel (told apart by its working directory, which the child
 sets itself), and the kernel of the abandoned request must be killed.
 """
@@ -77,6 +79,7 @@ def test_late_reply_never_answers_the_next_request(
     short_dir: Path, monkeypatch: pytest.MonkeyPatch, give_up: str
 ) -> None:
     monkeypatch.setattr(forkserver, "_REQUEST_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(forkserver, "_process_state", lambda pid: ("R", 0))  # just slow
     template_cwd = short_dir / "template"
     template_cwd.mkdir()
 

@@ -12,6 +12,18 @@ Under ``sandbox = "bwrap"`` the template runs inside bubblewrap (its launcher co
 the child confines itself before anything else (:mod:`lemon_exec.kernel.isolate`). A kernel
 whose options it cannot apply starts cold under bwrap, never in the template's view.
 
+A template that cannot answer is retired: it forks nothing more, waiting requests fail at
+once (their kernels start cold), and the backend replaces it. While a request waits, the
+template's ``/proc`` state is read every ``_CHECK_S``: stopped (SIGSTOP from a script, ``T``)
+or traced (``t``) on two checks in a row means retired; sleeping without using any CPU for
+``_WEDGE_FACTOR`` times its slowest recent answer (at least ``_WEDGE_MIN_S``) means wedged,
+retired too. A loaded machine shows as a runnable template, or one that uses CPU: it is
+waited for, up to ``_REQUEST_TIMEOUT_S``, as before. A retired template is not killed while
+kernels it forked run (they die with their template: a session's, or another caller's
+running script): a stopped one is resumed (SIGCONT), so that it still reaps and reports
+them and watches the host, and it is stopped with the backend (or sooner, if the backend
+already keeps as many retired templates as it will).
+
 Every request carries an id the template echoes in its reply, and replies are matched to
 requests by it. A request given up on (timed out, or its start was cancelled) is remembered:
 when its late reply names a kernel, the template is told to kill it. Without the ids a late
@@ -27,10 +39,12 @@ import itertools
 import json
 import logging
 import os
+import select
 import signal
 import socket
 import subprocess
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +58,16 @@ log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 15.0
 _REQUEST_TIMEOUT_S = 5.0
+#: How often a waiting request checks on the template (stopped, wedged, gone).
+_CHECK_S = 0.05
+#: A sleeping template that used no CPU this many times its slowest recent answer is wedged.
+_WEDGE_FACTOR = 10.0
+#: ... but never sooner than this (one answer is ~10 ms; a busy host adds its delays).
+_WEDGE_MIN_S = 0.5
+#: How many recent answer times the wedge bound is taken from.
+_RECENT_ANSWERS = 20
+#: ``(state letter, CPU ticks)`` of a process, None when it is gone (tests replace it).
+_process_state = supervise.state
 #: How long a kernel start waits for a starting template before it launches cold instead.
 START_WAIT_S = 3.0
 
@@ -89,6 +113,11 @@ class ForkServer:
         self._task: asyncio.Task[None] | None = None
         self.started = False
         self._closing = False
+        #: Could not answer (stopped, wedged): never used again (see the module doc).
+        self.retired = False
+        #: The template's PID as it said in "ready" (under the sandbox: below bwrap's).
+        self._template_pid: int | None = None
+        self._answer_times: deque[float] = deque(maxlen=_RECENT_ANSWERS)
         self.created = time.monotonic()
         _SERVERS[server_id] = self
 
@@ -150,7 +179,23 @@ class ForkServer:
 
     @property
     def ready(self) -> bool:
-        return self._ready.done() and self._ready.result() and self.alive
+        return self.was_ready and self.alive
+
+    @property
+    def was_ready(self) -> bool:
+        """Whether the template said "ready" (it may have died or been retired since)."""
+        return self._ready.done() and self._ready.result()
+
+    @property
+    def template_pid(self) -> int | None:
+        return self._template_pid or self.pid
+
+    @property
+    def stopped(self) -> bool:
+        """Whether the template is stopped or traced: it answers nothing until resumed."""
+        pid = self.template_pid
+        found = None if pid is None else _process_state(pid)
+        return found is not None and found[0] in ("T", "t")
 
     @property
     def starting(self) -> bool:
@@ -159,6 +204,19 @@ class ForkServer:
 
     @property
     def alive(self) -> bool:
+        """Running, not retired and not killed (a SIGKILL pending): it may fork."""
+        return not self.retired and self.running and not self.killed
+
+    @property
+    def killed(self) -> bool:
+        """Whether the template has a SIGKILL pending: it dies, with its kernels, as soon as
+        it next runs (on a busy host a while later, and until then it looks alive)."""
+        pid = self.template_pid
+        return pid is not None and supervise.kill_pending(pid)
+
+    @property
+    def running(self) -> bool:
+        """Whether the template process has not exited (retired or not)."""
         return self._proc is not None and self._proc.poll() is None
 
     async def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
@@ -184,6 +242,7 @@ class ForkServer:
                     self._exits[pid] = int(msg["status"])
                     self._children.discard(pid)
                 elif "ready" in msg:
+                    self._note_template_pid(msg["ready"])
                     if not self._ready.done():
                         self._ready.set_result(True)
                 elif "req" in msg:
@@ -196,6 +255,41 @@ class ForkServer:
                     waiter.set_result({"error": "fork server exited"})
             self._pending.clear()
             self._abandoned.clear()  # the template kills its children when it exits
+
+    def _note_template_pid(self, pid: object) -> None:
+        """Keep the PID the template reported if it is ours: the launcher's or below it."""
+        launcher = self.pid
+        if not isinstance(pid, int) or launcher is None:
+            return
+        if pid == launcher or pid in supervise.descendants(launcher):
+            self._template_pid = pid
+
+    def retire(self, why: str) -> None:
+        """Fork nothing more: waiting requests fail at once (their kernels start cold), and
+        the backend replaces it. A stopped template is resumed (every time: a script may
+        stop it again), so that its kernels are still reaped and reported."""
+        pid = self.template_pid
+        if pid is not None and self.running:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGCONT)
+        if self.retired:
+            return
+        self.retired = True
+        log.warning("fork server %s (pid %s) %s: retired and replaced", self.server_id, pid, why)
+        for req, waiter in list(self._pending.items()):
+            self._abandon(req, waiter)  # a late reply's kernel is killed
+            if not waiter.done():
+                waiter.set_result({"error": f"fork server {why}"})
+
+    def _kill_template(self) -> None:
+        for pid in list(self._children):
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+        if self._proc is not None and self._proc.poll() is None:
+            # Everything under the template (a subreaper): kernels' setsid descendants too.
+            supervise.kill_tree(self._proc.pid)
+            with contextlib.suppress(OSError):
+                self._proc.kill()
 
     def _reply(self, msg: dict[str, Any]) -> None:
         """Hand a reply to the request it answers; kill the kernel of one given up on."""
@@ -237,10 +331,15 @@ class ForkServer:
         ``isolate``: the bwrap options of the sandbox the child builds for itself first.
 
         Raises ``TimeoutError`` when the template does not answer within
-        ``_REQUEST_TIMEOUT_S`` and ``OSError`` when it could not fork. A request that times
-        out or is cancelled is abandoned: the kernel its late reply names is killed.
+        ``_REQUEST_TIMEOUT_S`` and ``OSError`` when it could not fork, or is retired (stopped
+        or wedged: see the module doc) before or while it should answer. A request that
+        times out or is cancelled is abandoned: the kernel its late reply names is killed.
         """
         assert self._sock is not None
+        if not self.retired and self.stopped:
+            self.retire("was stopped")
+        if self.retired:
+            raise OSError("fork server retired: it stopped answering")
         req = next(self._request_ids)
         request: dict[str, Any] = {"req": req, "argv": argv, "env": env, "cwd": cwd}
         if isolate is not None:
@@ -261,12 +360,7 @@ class ForkServer:
                 finally:
                     if stderr_fd is None:
                         os.close(fd)
-            try:
-                reply = await asyncio.wait_for(asyncio.shield(waiter), _REQUEST_TIMEOUT_S)
-            except asyncio.TimeoutError:
-                raise TimeoutError(
-                    f"fork server did not answer within {_REQUEST_TIMEOUT_S:g} s"
-                ) from None
+            reply = await self._answer(waiter)
         except BaseException:  # timed out, cancelled, or the send failed: give it up
             self._abandon(req, waiter)
             raise
@@ -276,19 +370,62 @@ class ForkServer:
         self._children.add(pid)
         return pid
 
+    async def _answer(self, waiter: asyncio.Future[dict[str, Any]]) -> dict[str, Any]:
+        """The reply, checking on the template while it is awaited (see the module doc)."""
+        sent = time.monotonic()
+        before = self._usage()
+        # Ten times the slowest recent answer: a loaded host slows every answer alike.
+        wedged_after = max(_WEDGE_MIN_S, _WEDGE_FACTOR * max(self._answer_times, default=0.0))
+        suspect: str | None = None  # what the last check found wrong
+        while not waiter.done():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(waiter), _CHECK_S)
+                break
+            waited = time.monotonic() - sent
+            now = self._usage()
+            found: str | None = None
+            if now is not None and now[0] in ("T", "t"):
+                found = "was stopped"
+            elif (
+                waited >= wedged_after
+                and now is not None
+                and before is not None
+                and now[0] not in ("R", "D")  # runnable or in I/O: a busy host, not a wedge
+                and now[1] == before[1]
+            ):
+                found = f"sent no answer in {waited:.1f} s, idle"
+            if found is not None and self._unread():
+                found = None  # it answered; a busy loop has not read it yet
+            # Twice in a row: a reply that came just before the check has been read by then.
+            if found is not None and suspect is not None:
+                self.retire(found)
+            elif waited >= _REQUEST_TIMEOUT_S:
+                raise TimeoutError(f"fork server did not answer within {_REQUEST_TIMEOUT_S:g} s")
+            suspect = found
+        reply = waiter.result()
+        if "pid" in reply:
+            self._answer_times.append(time.monotonic() - sent)
+        return reply
+
+    def _unread(self) -> bool:
+        """Whether the template sent something the host has not read yet."""
+        if self._sock is None:
+            return False
+        try:
+            return bool(select.select([self._sock], [], [], 0)[0])
+        except (OSError, ValueError):  # closed meanwhile
+            return False
+
+    def _usage(self) -> tuple[str, int] | None:
+        pid = self.template_pid
+        return None if pid is None else _process_state(pid)
+
     def exit_status(self, pid: int) -> int | None:
         return self._exits.get(pid)
 
     def kill_sync(self) -> None:
         """Kill the template and every process under it (exit-time cleanup)."""
-        for pid in list(self._children):
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-        if self._proc is not None and self._proc.poll() is None:
-            # Everything under the template (a subreaper): kernels' setsid descendants too.
-            supervise.kill_tree(self._proc.pid)
-            with contextlib.suppress(OSError):
-                self._proc.kill()
+        self._kill_template()
         _SERVERS.pop(self.server_id, None)
 
     async def aclose(self) -> None:
@@ -338,7 +475,7 @@ class ForkedProcess:
             if status is not None:
                 self.returncode = status
             elif not _exists(self.pid):
-                if self._server.alive:
+                if self._server.running:
                     # Reaped, its report still in flight: ended, but the status is not final.
                     return -signal.SIGKILL
                 self.returncode = -signal.SIGKILL  # gone without a report: the template died
@@ -348,15 +485,27 @@ class ForkedProcess:
         """The exit status once the template's report is in (``poll()`` may answer first).
 
         The template reaps and reports at once; the bound is for a template too loaded to
-        (its death ends the wait sooner: ``poll()`` then settles on -SIGKILL itself).
+        (its death ends the wait sooner: ``poll()`` then settles on -SIGKILL itself). A
+        stopped template never reports: it is retired, which ends the wait too.
         """
         deadline = time.monotonic() + timeout
+        checked = time.monotonic()
         while self.returncode is None and self.poll() is not None:
             if time.monotonic() > deadline:
                 self.returncode = -signal.SIGKILL
                 break
+            if time.monotonic() - checked >= _CHECK_S:
+                checked = time.monotonic()
+                if self._server.stopped:
+                    self._server.retire("was stopped")
             await asyncio.sleep(0.002)
         return self.poll()
+
+    @property
+    def orphaned(self) -> bool:
+        """Whether its template is gone, or killed and about to be: the kernel dies with it,
+        if it has not yet (its parent watch kills it), so it must not be handed out."""
+        return not self._server.running or self._server.killed
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -308,6 +308,9 @@ class ManagedKernel:
             self._published = None
 
     async def is_alive(self) -> bool:
+        process = getattr(self._km.provisioner, "process", None)
+        if isinstance(process, ForkedProcess) and process.orphaned:
+            return False  # its template died: so does it, in a moment if not yet
         return not self._disposed and await self._km.is_alive()
 
     async def exit_status(self) -> int | None:

@@ -44,6 +44,9 @@ _RECV_BYTES = 1 << 18
 SPIN_S = 0.0005
 _SPIN_GAP_S = 0.001
 
+#: Mode of the listening socket's file (a staging object: owner only).
+SOCKET_MODE = 0o600
+
 OnMessage = Callable[[list[bytes]], None]
 OnOversize = Callable[[int], None]
 #: Called once when the link ends: None for the kernel closing it, else what was wrong.
@@ -61,6 +64,9 @@ class LinkEnd:
         self.path = path
         self._listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            # Linux gives the socket file the socket inode's mode less the umask: set it
+            # first, so the file is 0600 from its creation (the host's umask is not ours).
+            os.fchmod(self._listener.fileno(), SOCKET_MODE)
             self._listener.bind(str(path))
             self._listener.listen(1)
             self._listener.setblocking(False)

@@ -177,9 +177,19 @@ class LocalBackend:
             server = None
         if server is not None and (server.alive or not server.started):
             return server
-        if server is not None:  # it died: retire it, and retry at most once a minute
+        if server is not None and server.retired and server.running:
+            # It stopped answering (host/forkserver.py): replaced at once. Kernels it forked
+            # still run under it, so it is kept like a stale one, while there is room.
+            self._forkservers.pop(interpreter)
+            if len(self._retired) < _MAX_RETIRED_FORK_SERVERS:
+                self._retired.append(server)
+            else:
+                self._spawn(server.aclose())
+        elif server is not None:
+            # It died. One that never became ready (the interpreter lacks ipykernel, ...) is
+            # retried at most once a minute; one that served (a script killed it) at once.
             self._spawn(server.aclose())
-            if time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
+            if not server.was_ready and time.monotonic() - server.created < _FORK_SERVER_RETRY_S:
                 return None
         sandbox = self._template_sandbox(interpreter)
         if self._sandbox is not None and sandbox is None:

@@ -13,6 +13,7 @@ import traceback
 from typing import Any
 
 from ipykernel import kernelapp
+from ipykernel.heartbeat import Heartbeat
 from ipykernel.iostream import IOPubThread
 from ipykernel.kernelapp import IPKernelApp
 from ipykernel.kernelbase import Kernel
@@ -22,7 +23,7 @@ from traitlets.config import Config
 from traitlets.config.application import catch_config_error
 from traitlets.utils.nested_update import nested_update
 
-from lemon_exec.kernel import helpers, prebuilt
+from lemon_exec.kernel import helpers, prebuilt, supervise
 from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
@@ -31,6 +32,14 @@ from lemon_exec.kernel.protocol import HOST_LINK_ENV
 from lemon_exec.kernel.supervise import connection_file_arg
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
+
+#: The umask while the kernel binds its sockets: zmq creates an ipc socket's file with
+#: 0777 less the umask, so this makes them 0600 like every file of the host's private
+#: staging root (as ssh-agent does; connecting needs write permission, nothing needs x).
+#: Nothing but sockets is created while it holds (see init_sockets).
+SOCKET_UMASK = 0o177
+#: How long initialisation waits for the heartbeat thread to bind (it binds in its thread).
+_HEARTBEAT_BIND_S = 10.0
 
 #: How the note names what was not sent, by message type.
 _KINDS = {
@@ -80,6 +89,10 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
     kernel_class = Type(LemonKernel, klass=Kernel).tag(config=True)
     #: The link to the host (kernel/hostlink.py), when the host gave one.
     host_link: HostLink | None = None
+    #: The process's umask while init_sockets..init_heartbeat hold SOCKET_UMASK.
+    _umask: int | None = None
+    #: Whether the connection file existed when the kernel started (the host wrote it).
+    _given_connection_file = False
     outstream_class = DottedObjectName("lemon_exec.kernel.streams.BoundedOutStream").tag(
         config=True
     )
@@ -185,6 +198,50 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         self.update_config(config)
         self.extra_args = []
 
+    def init_connection_file(self) -> None:
+        super().init_connection_file()  # type: ignore[no-untyped-call]
+        self._given_connection_file = os.path.exists(self.abs_connection_file)
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        # A connection file the kernel was given and that is gone now was removed on
+        # purpose: by its parent watch when its host or template died (the kernel is on its
+        # way out), or by the host. Never written back: that would resurrect the key, and
+        # jupyter_client would set the sticky bit on the host's runtime directory, whose
+        # mode the host checks before every call (a 1700 runtime/ refused them all).
+        with supervise.connection_file_lock:
+            if self._given_connection_file and not os.path.exists(self.abs_connection_file):
+                return
+            super().write_connection_file(**kwargs)
+
+    def init_sockets(self) -> None:
+        # Every socket file is 0600 from its creation (no chmod afterwards, no window): the
+        # strict umask holds from the first bind to the heartbeat's (init_heartbeat), and
+        # the process's own umask is back before any code of the user's runs.
+        self._umask = os.umask(SOCKET_UMASK)
+        try:
+            super().init_sockets()  # type: ignore[no-untyped-call]
+        except BaseException:
+            self._restore_umask()
+            raise
+
+    def init_heartbeat(self) -> None:
+        namespace = vars(kernelapp)  # swapped like IOPubThread in init_iopub
+        saved = namespace["Heartbeat"]
+        namespace["Heartbeat"] = BindingHeartbeat
+        try:
+            super().init_heartbeat()  # type: ignore[no-untyped-call]
+            heartbeat = self.heartbeat
+            if isinstance(heartbeat, BindingHeartbeat):
+                heartbeat.bound.wait(_HEARTBEAT_BIND_S)
+        finally:
+            namespace["Heartbeat"] = saved
+            self._restore_umask()
+
+    def _restore_umask(self) -> None:
+        if self._umask is not None:
+            os.umask(self._umask)
+            self._umask = None
+
     def init_iopub(self, context: Any) -> None:
         # ipykernel builds its IOPub thread with a "pipe" for output of forked children: a
         # PULL socket on tcp://127.0.0.1:<random>, which any local user could connect to and
@@ -211,6 +268,20 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
             link = self.host_link = HostLink.connect(path)
             self.iopub_thread.host_link = link
             link.serve_replies(self.session)
+
+
+class BindingHeartbeat(Heartbeat):
+    """ipykernel's heartbeat thread, telling when its socket is bound (its file created)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self.bound = threading.Event()
+
+    def _bind_socket(self) -> None:
+        try:
+            super()._bind_socket()  # type: ignore[no-untyped-call]
+        finally:
+            self.bound.set()
 
 
 class LocalIOPubThread(IOPubThread):

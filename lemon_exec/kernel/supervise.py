@@ -90,6 +90,33 @@ def start_time(pid: int) -> int | None:
         return None
 
 
+def state(pid: int) -> tuple[str, int] | None:
+    """``(state letter, CPU ticks used)`` of ``pid`` (``T``: stopped, ``t``: traced, ``Z``:
+    zombie; ticks: user plus system time), None when it is gone."""
+    fields = _stat_fields(pid)
+    try:
+        return (fields[0], int(fields[11]) + int(fields[12])) if fields else None
+    except (IndexError, ValueError):
+        return None
+
+
+def kill_pending(pid: int) -> bool:
+    """Whether ``pid`` has a SIGKILL pending: it dies as soon as it next runs (on a busy
+    machine that may take a while, and until then it looks alive)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read()
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGKILL - 1)
+    for line in status.splitlines():
+        if line.startswith((b"SigPnd:", b"ShdPnd:")):
+            with contextlib.suppress(ValueError):
+                if int(line.split()[1], 16) & bit:
+                    return True
+    return False
+
+
 def running(pid: int) -> bool:
     """Whether ``pid`` exists and is not a zombie."""
     fields = _stat_fields(pid)
@@ -251,8 +278,15 @@ def _on_sigterm(signum: int, _frame: object) -> None:
     os.kill(os.getpid(), signum)  # die of SIGTERM, as the default would have
 
 
+#: Held by whoever writes or removes the kernel's connection file; the parent watch takes
+#: it for good (the process exits), so a write that checked the file is there cannot race
+#: its removal (kernel/app.py's write_connection_file).
+connection_file_lock = threading.Lock()
+
+
 def _parent_died(connection_file: str | None) -> None:
     try:
+        connection_file_lock.acquire()  # never released: os._exit below
         if connection_file:  # it holds the key: nobody may connect to what is left
             with contextlib.suppress(OSError):
                 os.unlink(connection_file)
