@@ -1,7 +1,8 @@
-"""Every object under a live host's staging root is owner-only (issue 26 item 7).
+"""Every object of a live host's staging root and runtime directory is owner-only (issue 26
+item 7).
 
-Directories 0700, files and Unix sockets 0600 — the kernels' ipc sockets under ``runtime/``
-included, whose mode zmq takes from the umask (it was 0755 under the usual 022), and the
+Directories 0700, files and Unix sockets 0600 — the kernels' ipc sockets in the runtime
+directory (under the runtime base, /tmp/lemon-exec.<uid>/) included, whose mode zmq takes from the umask (it was 0755 under the usual 022), and the
 host's link socket. Symlinks have no mode of their own on Linux; the only one is
 ``pypath/lemon_exec`` (docs/security.md). Checked while a script runs, with a spare waiting,
 in per-call and session mode, for forked and cold kernels, under the host's usual umask.
@@ -23,6 +24,7 @@ import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.link import LinkEnd
+from lemon_exec.host.runtime_base import runtime_dir_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -127,6 +129,11 @@ def test_staging_objects_are_owner_only_while_kernels_run(
             )
             await asyncio.sleep(0.8)
             found = modes(short_base)
+            # Keys and sockets live in the host's runtime directory under the runtime base.
+            for root in short_base.iterdir():
+                runtime = runtime_dir_of(root)
+                found |= {f"runtime:{k}": v for k, v in modes(runtime).items()}
+                found[f"runtime:{runtime.name}"] = ("dir", stat.S_IMODE(runtime.stat().st_mode))
             result = await running
             kind, umask = result.content.split()
             assert kind == start or not start, result.content
