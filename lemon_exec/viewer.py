@@ -29,10 +29,10 @@ from tornado import web
 #: How long Interrupt waits for the kernel's interrupt_reply.
 INTERRUPT_REPLY_TIMEOUT_S = 5.0
 
+#: Short enough for JupyterLab's notification (lemon_exec/labextension), which cuts at 140.
 RESTART_REFUSED = (
-    "this kernel is external to Jupyter Server (a lemon_exec session kernel, or another "
-    "process's kernel): it cannot be restarted from here, which would destroy its owner's "
-    "state; interrupt your own cell instead, or shut it down to forget it here"
+    "an external kernel (a lemon_exec agent's session) cannot be restarted from here: "
+    "that would destroy its state"
 )
 
 

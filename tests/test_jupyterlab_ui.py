@@ -1,0 +1,253 @@
+"""JupyterLab shows the person why Restart and Interrupt were refused (issue 28, item 3).
+
+A real ``jupyter lab`` (with lemon_exec.viewer's kernel manager and server extension, and the
+lemon-exec-jupyterlab extension the package installs) serves an agent's live session kernel
+as an external kernel; a notebook in real headless Chromium is attached to it. While the
+agent's script runs, the person restarts (through JupyterLab's "Restart Kernel?" dialog) and
+interrupts the kernel: both are refused by the server (HTTP 409), and JupyterLab now shows
+the server's reason as a notification. The agent's script finishes and its state is kept.
+
+Screenshots of both notifications are saved in the test's temp directory, and also in
+``$LEMON_TEST_SCREENSHOT_DIR`` when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support_chromium import Browser
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.external import EXTERNAL_DIR_ENV
+from lemon_exec.kernel.kernel import AGENT_CELL_NOT_INTERRUPTIBLE
+from lemon_exec.viewer import RESTART_REFUSED
+
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+
+#: The agent's script runs until the test creates this file (at most 120 s).
+HOLD = (
+    "import os, time\n"
+    "t = time.monotonic()\n"
+    "while not os.path.exists({flag!r}) and time.monotonic() - t < 120:\n"
+    "    time.sleep(0.05)\n"
+    "text(agent_var['answer'])"
+)
+
+#: The notebook's kernel connection in the page.
+KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
+
+#: The text of every notification toast on the page.
+TOASTS = "[...document.querySelectorAll('.Toastify__toast')].map(t => t.innerText).join('\\n')"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Lab:
+    """A ``jupyter lab`` subprocess on loopback that sees external kernels in ``external``."""
+
+    def __init__(self, tmp: Path, external: Path) -> None:
+        self.port = _free_port()
+        self.token = secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = tmp / "lab.log"
+        # Answer JupyterLab's "notified about official Jupyter news?" toast: no.
+        settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
+        settings.mkdir(parents=True)
+        (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
+        env = {
+            **os.environ,
+            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
+            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
+            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
+            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces"),
+        }
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "jupyterlab",
+                "--no-browser",
+                "--allow-root",
+                "--ip=127.0.0.1",
+                f"--port={self.port}",
+                f"--IdentityProvider.token={self.token}",
+                f"--ServerApp.root_dir={tmp}",
+                "--ServerApp.allow_external_kernels=True",
+                f"--ServerApp.external_connection_dir={external}",
+                "--ServerApp.kernel_manager_class=lemon_exec.viewer.LemonMappingKernelManager",
+                "--ServerApp.jpserver_extensions={'lemon_exec.viewer': True}",
+                # window.jupyterapp: the test runs JupyterLab's own commands.
+                "--LabApp.expose_app_in_browser=True",
+                # No news or update toasts beside the one under test.
+                "--LabApp.news_url=None",
+                "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.log, "wb"),  # noqa: SIM115 - closed with the process
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.request("GET", "/api/status")
+                return
+            except (OSError, urllib.error.URLError):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    raise AssertionError(self.log.read_text()[-3000:]) from None
+                time.sleep(0.2)
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else b""
+        req = urllib.request.Request(
+            self.base + path,
+            method=method,
+            headers={"Authorization": f"token {self.token}"},
+            data=data if method in ("POST", "PATCH") else None,
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                raw = resp.read()
+                return resp.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            return exc.code, json.loads(raw) if raw else None
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _session_host() -> ExecuteCode:
+    return ExecuteCode(
+        ExecuteCodeConfig(
+            enabled=True,
+            kernel_mode="session",
+            warm_kernels=0,
+            python_path=sys.executable,
+            timeout_ms=180_000,
+        )
+    )
+
+
+def _save(browser: Browser, tmp: Path, name: str) -> None:
+    shot = tmp / name
+    browser.screenshot(shot)
+    if os.environ.get("LEMON_TEST_SCREENSHOT_DIR"):
+        shutil.copy(shot, Path(os.environ["LEMON_TEST_SCREENSHOT_DIR"]) / name)
+
+
+def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    external = tmp_path / "external"
+    external.mkdir(mode=0o700)
+    monkeypatch.setenv(EXTERNAL_DIR_ENV, str(external))
+    flag = tmp_path / "release-the-agent"
+    tool = _session_host()
+    lab: Lab | None = None
+    browser: Browser | None = None
+    agent = threading.Thread()
+    try:
+        scope = SessionScope("lab", "agent", tmp_path)
+        first = tool.run_sync("agent_var = {'answer': 42}\ntext('ready')", scope=scope)
+        assert first.content == "Script result (text()):\nready", first.content
+        lab = Lab(tmp_path, external)
+        status, kernels = lab.request("GET", "/api/kernels")
+        assert status == 200 and len(kernels) == 1, kernels
+        kid = kernels[0]["id"]
+
+        # The person's notebook, attached to the agent's kernel.
+        (tmp_path / "view.ipynb").write_text(
+            json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+        )
+        status, session = lab.request(
+            "POST",
+            "/api/sessions",
+            {"path": "view.ipynb", "type": "notebook", "name": "", "kernel": {"id": kid}},
+        )
+        assert status == 201 and session["kernel"]["id"] == kid, (status, session)
+
+        browser = Browser(f"{lab.base}/lab/tree/view.ipynb?token={lab.token}")
+        browser.wait_for(
+            "window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.id"
+            f" === {kid!r}",
+            timeout=90,
+            what="the notebook attached to the agent's kernel",
+        )
+        plugins = browser.evaluate("window.jupyterapp.listPlugins()")
+        assert "lemon-exec-jupyterlab:refusals" in plugins
+
+        results: list[Any] = []
+        agent = threading.Thread(
+            target=lambda: results.append(tool.run_sync(HOLD.format(flag=str(flag)), scope=scope))
+        )
+        agent.start()
+        time.sleep(1.0)  # the agent's script is running
+
+        assert browser.evaluate(f"{KERNEL}.status") == "busy"
+
+        # Restart, the way a person does it: the command asks "Restart Kernel?" first.
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-kernel')")
+        browser.wait_for(
+            "(b => b ? (b.click(), true) : false)("
+            "document.querySelector('.jp-Dialog .jp-mod-accept'))",
+            what="the Restart Kernel? dialog",
+        )
+        expected = "Restart refused: " + RESTART_REFUSED
+        browser.wait_for(f"({TOASTS}).includes({expected!r})", what="the restart refusal")
+        browser.wait_for("!document.querySelector('.jp-Dialog')", what="the dialog to close")
+        time.sleep(0.5)  # the toast's entry animation ends
+        _save(browser, tmp_path, "jupyterlab-refusal-restart.png")
+        # The kernel was not touched, and its status says so (not "restarting").
+        assert browser.evaluate(f"{KERNEL}.status") == "busy"
+
+        # Interrupt during the agent's script (the toolbar's ■ runs this command).
+        browser.evaluate(
+            "document.querySelectorAll('.jp-Notification-Toast-Close').forEach(b => b.click())"
+        )
+        browser.wait_for(f"!({TOASTS})", what="the restart toast to go")
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        expected = "Interrupt refused: " + AGENT_CELL_NOT_INTERRUPTIBLE
+        browser.wait_for(f"({TOASTS}).includes({expected!r})", what="the interrupt refusal")
+        time.sleep(0.5)
+        _save(browser, tmp_path, "jupyterlab-refusal-interrupt.png")
+        assert agent.is_alive(), "the agent's script ended before the refusals were checked"
+
+        # The agent's script goes on to its end, with its state.
+        flag.touch()
+        agent.join(60)
+        assert results and results[0].content == "Script result (text()):\n42", results
+        after = tool.run_sync("text(agent_var['answer'] + 1)", scope=scope)
+        assert after.content == "Script result (text()):\n43"
+        assert after.details["state_retained"] is True
+    finally:
+        flag.touch()
+        if agent.ident is not None:
+            agent.join(60)
+        if browser is not None:
+            browser.close()
+        if lab is not None:
+            lab.stop()
+        tool.close()
