@@ -46,6 +46,17 @@ HOLD = (
     "text(agent_var['answer'])"
 )
 
+#: The person's one cell: "Restart Kernel and Run All Cells" must not run it when refused.
+CELL = {
+    "cell_type": "code",
+    "id": "person",
+    "metadata": {},
+    "source": "print('the person ran this')",
+    "outputs": [],
+    "execution_count": None,
+}
+FIRST_CELL = "window.jupyterapp.shell.currentWidget.content.widgets[0].model"
+
 #: The notebook's kernel connection in the page.
 KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
 
@@ -180,7 +191,7 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
 
         # The person's notebook, attached to the agent's kernel.
         (tmp_path / "view.ipynb").write_text(
-            json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+            json.dumps({"cells": [CELL], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
         )
         status, session = lab.request(
             "POST",
@@ -209,7 +220,7 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         assert browser.evaluate(f"{KERNEL}.status") == "busy"
 
         # Restart, the way a person does it: the command asks "Restart Kernel?" first.
-        browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-kernel')")
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-run-all')")
         browser.wait_for(
             "(b => b ? (b.click(), true) : false)("
             "document.querySelector('.jp-Dialog .jp-mod-accept'))",
@@ -222,6 +233,10 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         _save(browser, tmp_path, "jupyterlab-refusal-restart.png")
         # The kernel was not touched, and its status says so (not "restarting").
         assert browser.evaluate(f"{KERNEL}.status") == "busy"
+        # Refused, so JupyterLab does not go on to run all cells on the agent's kernel.
+        time.sleep(1.0)
+        cell = browser.evaluate(f"[{FIRST_CELL}.executionState, {FIRST_CELL}.executionCount]")
+        assert cell == ["idle", None], cell
 
         # Interrupt during the agent's script (the toolbar's ■ runs this command).
         browser.evaluate(

@@ -6,11 +6,19 @@
  * JupyterLab itself only logs a failed restart to the browser console and leaves a failed
  * interrupt as an unhandled promise, so this plugin wraps both methods of every kernel
  * connection (whatever button, menu or command started them) and shows the server's reason
- * as a notification.
+ * as a notification. JupyterLab's restart dialog also reports a refused restart as done,
+ * so "Restart Kernel and Run All Cells" would go on to run every cell on the agent's
+ * kernel: the dialog's answer is corrected to "not restarted".
  */
 
 import { JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
-import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
+import {
+  Dialog,
+  ISessionContext,
+  ISessionContextDialogs,
+  Notification,
+  showDialog
+} from '@jupyterlab/apputils';
 import { Kernel, KernelConnection, ServerConnection } from '@jupyterlab/services';
 
 /** JupyterLab cuts a notification's message at this many characters. */
@@ -18,6 +26,9 @@ const MAX_MESSAGE = 140;
 
 type Action = 'restart' | 'interrupt';
 type Method = (this: KernelConnection) => Promise<void>;
+
+/** Kernel connections whose last restart the server refused. */
+const refusedRestart = new WeakSet<KernelConnection>();
 
 /** The last refusal toast per action, so repeated clicks show one toast, not a pile. */
 const shown = new Map<Action, string>();
@@ -69,6 +80,9 @@ function wrap(action: Action, original: Method): Method {
       const reason = refusalReason(error);
       if (reason !== null) {
         notify(action, reason);
+        if (action === 'restart') {
+          refusedRestart.add(this);
+        }
         // A refused restart left the connection saying "restarting" although the kernel
         // was not touched: show the status it had (the next status message updates it).
         if (this.status === 'restarting' && before !== 'restarting') {
@@ -80,14 +94,34 @@ function wrap(action: Action, original: Method): Method {
   };
 }
 
+/** The restart dialog answers "restarted" only if the kernel really was. */
+function correctRestartDialog(dialogs: ISessionContext.IDialogs): void {
+  const original = dialogs.restart.bind(dialogs);
+  dialogs.restart = async (
+    context: ISessionContext,
+    options?: ISessionContext.IRestartOptions
+  ): Promise<boolean> => {
+    const kernel = context.session?.kernel;
+    if (kernel instanceof KernelConnection) {
+      refusedRestart.delete(kernel);
+    }
+    const restarted = await original(context, options);
+    return restarted && !(kernel instanceof KernelConnection && refusedRestart.has(kernel));
+  };
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'lemon-exec-jupyterlab:refusals',
   description: 'Shows why a kernel refused Restart or Interrupt (HTTP 409).',
   autoStart: true,
-  activate: (_app: JupyterFrontEnd): void => {
+  optional: [ISessionContextDialogs],
+  activate: (_app: JupyterFrontEnd, dialogs: ISessionContext.IDialogs | null): void => {
     const proto = KernelConnection.prototype as unknown as Record<Action, Method>;
     proto.restart = wrap('restart', proto.restart);
     proto.interrupt = wrap('interrupt', proto.interrupt);
+    if (dialogs) {
+      correctRestartDialog(dialogs);
+    }
   }
 };
 
