@@ -47,7 +47,7 @@ HOLD = (
 )
 
 #: The person's one cell: "Restart Kernel and Run All Cells" must not run it when refused.
-CELL = {
+CELL: dict[str, Any] = {
     "cell_type": "code",
     "id": "person",
     "metadata": {},
