@@ -4,8 +4,10 @@ A real ``jupyter lab`` (with lemon_exec.viewer's kernel manager and server exten
 lemon-exec-jupyterlab extension the package installs) serves an agent's live session kernel
 as an external kernel; a notebook in real headless Chromium is attached to it. While the
 agent's script runs, the person restarts (through JupyterLab's "Restart Kernel?" dialog) and
-interrupts the kernel: both are refused by the server (HTTP 409), and JupyterLab now shows
-the server's reason as a notification. The agent's script finishes and its state is kept.
+interrupts the kernel: both are refused by the server (HTTP 409), JupyterLab now shows the
+server's reason as a notification, and "Restart Kernel and Run All Cells" does not go on to
+run the person's cells. The agent's script finishes; Shut Down then only forgets the kernel
+in JupyterLab, and the agent's state is kept.
 
 Screenshots of both notifications are saved in the test's temp directory, and also in
 ``$LEMON_TEST_SCREENSHOT_DIR`` when that is set.
@@ -254,6 +256,14 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         flag.touch()
         agent.join(60)
         assert results and results[0].content == "Script result (text()):\n42", results
+
+        # Shut Down from the notebook forgets the kernel here; it keeps running for the agent.
+        browser.evaluate("window.jupyterapp.commands.execute('notebook:shutdown-kernel')")
+        browser.wait_for(
+            "!window.jupyterapp.shell.currentWidget.sessionContext.session",
+            what="the notebook to leave the kernel",
+        )
+        assert lab.request("GET", "/api/kernels") == (200, [])
         after = tool.run_sync("text(agent_var['answer'] + 1)", scope=scope)
         assert after.content == "Script result (text()):\n43"
         assert after.details["state_retained"] is True
