@@ -13,6 +13,10 @@ soon as its connection file goes. This module makes every command safe and clear
   only (it keeps running for the agent).
 - the server extension (``ServerApp.jpserver_extensions``): *Restart* of an external kernel
   answers HTTP 409 with the reason, where stock Jupyter Server turns every failure into 500.
+
+JupyterLab shows a 409's reason through the lemon-exec-jupyterlab extension
+(``lemon_exec/labextension``), whose notifications cut messages at 140 characters: keep the
+refusal texts short.
 """
 
 from __future__ import annotations
