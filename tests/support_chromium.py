@@ -44,7 +44,12 @@ def executable() -> str:
     found = shutil.which("chromium")
     if found:
         return found
-    problem = _install() if os.geteuid() == 0 and shutil.which("apt-get") else "not root"
+    if os.geteuid() != 0:
+        problem = "not root"
+    elif not shutil.which("apt-get"):
+        problem = "no apt-get"
+    else:
+        problem = _install()
     found = shutil.which("chromium")
     if found:
         return found

@@ -276,3 +276,18 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         if lab is not None:
             lab.stop()
         tool.close()
+
+
+def test_missing_chromium_without_root_stops_with_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import support_chromium
+
+    monkeypatch.setattr(support_chromium.shutil, "which", lambda name: None)
+    monkeypatch.setattr(support_chromium.os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.fail.Exception) as failed:
+        support_chromium.executable()
+    assert str(failed.value) == (
+        "chromium is missing and this browser test needs it (not root); "
+        "install it with: sudo apt-get install chromium"
+    )
