@@ -57,7 +57,18 @@ CELL: dict[str, Any] = {
     "outputs": [],
     "execution_count": None,
 }
+#: The person's second cell, which they interrupt themselves.
+SLEEPER: dict[str, Any] = {
+    **CELL,
+    "id": "sleeper",
+    "source": "import time\nprint('sleeping', flush=True)\ntime.sleep(60)",
+}
 FIRST_CELL = "window.jupyterapp.shell.currentWidget.content.widgets[0].model"
+#: The text of the second cell's outputs.
+SLEEPER_OUT = (
+    "JSON.stringify(window.jupyterapp.shell.currentWidget.content.widgets[1].model.outputs"
+    ".toJSON())"
+)
 
 #: The notebook's kernel connection in the page.
 KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
@@ -193,7 +204,9 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
 
         # The person's notebook, attached to the agent's kernel.
         (tmp_path / "view.ipynb").write_text(
-            json.dumps({"cells": [CELL], "metadata": {}, "nbformat": 4, "nbformat_minor": 5})
+            json.dumps(
+                {"cells": [CELL, SLEEPER], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+            )
         )
         status, session = lab.request(
             "POST",
@@ -209,6 +222,11 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
             timeout=90,
             what="the notebook attached to the agent's kernel",
         )
+        # Connected, and the kernel's status known (idle), before the agent's script starts.
+        browser.wait_for(
+            f"{KERNEL}.connectionStatus === 'connected' && {KERNEL}.status === 'idle'",
+            what="the notebook's kernel connection",
+        )
         plugins = browser.evaluate("window.jupyterapp.listPlugins()")
         assert "lemon-exec-jupyterlab:refusals" in plugins
 
@@ -217,9 +235,7 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
             target=lambda: results.append(tool.run_sync(HOLD.format(flag=str(flag)), scope=scope))
         )
         agent.start()
-        time.sleep(1.0)  # the agent's script is running
-
-        assert browser.evaluate(f"{KERNEL}.status") == "busy"
+        browser.wait_for(f"{KERNEL}.status === 'busy'", what="the agent's script to run")
 
         # Restart, the way a person does it: the command asks "Restart Kernel?" first.
         browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-run-all')")
@@ -256,6 +272,17 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         flag.touch()
         agent.join(60)
         assert results and results[0].content == "Script result (text()):\n42", results
+
+        # The person's own cell is theirs to interrupt: it stops, with no notification.
+        browser.evaluate(
+            "document.querySelectorAll('.jp-Notification-Toast-Close').forEach(b => b.click())"
+        )
+        browser.wait_for(f"!({TOASTS})", what="the interrupt toast to go")
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        browser.wait_for(f"{SLEEPER_OUT}.includes('sleeping')", what="the person's cell to run")
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
+        browser.wait_for(f"{SLEEPER_OUT}.includes('KeyboardInterrupt')", what="the interrupt")
+        assert browser.evaluate(TOASTS) == ""
 
         # Shut Down from the notebook forgets the kernel here; it keeps running for the agent.
         browser.evaluate("window.jupyterapp.commands.execute('notebook:shutdown-kernel')")
