@@ -70,6 +70,13 @@ SLEEPER_OUT = (
     ".toJSON())"
 )
 
+#: Closes every notification toast.
+CLOSE_TOASTS = "document.querySelectorAll('.jp-Notification-Toast-Close').forEach(b => b.click())"
+#: Accepts the open dialog (true), or false while there is none.
+ACCEPT_DIALOG = (
+    "(b => b ? (b.click(), true) : false)(document.querySelector('.jp-Dialog .jp-mod-accept'))"
+)
+
 #: The notebook's kernel connection in the page.
 KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
 
@@ -239,11 +246,7 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
 
         # Restart, the way a person does it: the command asks "Restart Kernel?" first.
         browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-run-all')")
-        browser.wait_for(
-            "(b => b ? (b.click(), true) : false)("
-            "document.querySelector('.jp-Dialog .jp-mod-accept'))",
-            what="the Restart Kernel? dialog",
-        )
+        browser.wait_for(ACCEPT_DIALOG, what="the Restart Kernel? dialog")
         expected = "Restart refused: " + RESTART_REFUSED
         browser.wait_for(f"({TOASTS}).includes({expected!r})", what="the restart refusal")
         browser.wait_for("!document.querySelector('.jp-Dialog')", what="the dialog to close")
@@ -257,9 +260,7 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         assert cell == ["idle", None], cell
 
         # Interrupt during the agent's script (the toolbar's ■ runs this command).
-        browser.evaluate(
-            "document.querySelectorAll('.jp-Notification-Toast-Close').forEach(b => b.click())"
-        )
+        browser.evaluate(CLOSE_TOASTS)
         browser.wait_for(f"!({TOASTS})", what="the restart toast to go")
         browser.evaluate("void window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
         expected = "Interrupt refused: " + AGENT_CELL_NOT_INTERRUPTIBLE
@@ -273,13 +274,17 @@ def test_jupyterlab_shows_why_restart_and_interrupt_were_refused(
         agent.join(60)
         assert results and results[0].content == "Script result (text()):\n42", results
 
-        # The person's own cell is theirs to interrupt: it stops, with no notification.
-        browser.evaluate(
-            "document.querySelectorAll('.jp-Notification-Toast-Close').forEach(b => b.click())"
-        )
+        # The person's own running cell: a refused restart leaves it (its output still
+        # reaches the notebook), and it is theirs to interrupt, with no refusal.
+        browser.evaluate(CLOSE_TOASTS)
         browser.wait_for(f"!({TOASTS})", what="the interrupt toast to go")
         browser.evaluate("void window.jupyterapp.commands.execute('notebook:run-all-cells')")
         browser.wait_for(f"{SLEEPER_OUT}.includes('sleeping')", what="the person's cell to run")
+        browser.evaluate("void window.jupyterapp.commands.execute('notebook:restart-kernel')")
+        browser.wait_for(ACCEPT_DIALOG, what="the Restart Kernel? dialog")
+        browser.wait_for(f"({TOASTS}).includes('Restart refused')", what="the restart refusal")
+        browser.evaluate(CLOSE_TOASTS)
+        browser.wait_for(f"!({TOASTS})", what="the restart toast to go")
         browser.evaluate("void window.jupyterapp.commands.execute('notebook:interrupt-kernel')")
         browser.wait_for(f"{SLEEPER_OUT}.includes('KeyboardInterrupt')", what="the interrupt")
         assert browser.evaluate(TOASTS) == ""

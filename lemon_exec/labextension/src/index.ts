@@ -6,7 +6,9 @@
  * JupyterLab itself only logs a failed restart to the browser console and leaves a failed
  * interrupt as an unhandled promise, so this plugin wraps both methods of every kernel
  * connection (whatever button, menu or command started them) and shows the server's reason
- * as a notification. JupyterLab's restart dialog also reports a refused restart as done,
+ * as a notification. A restart the server's kernel model says it would refuse is not sent
+ * at all (JupyterLab drops its running cells' outputs when it sends one); the 409 stays the
+ * fallback. JupyterLab's restart dialog also reports a refused restart as done,
  * so "Restart Kernel and Run All Cells" would go on to run every cell on the agent's
  * kernel: the dialog's answer is corrected to "not restarted".
  */
@@ -19,7 +21,7 @@ import {
   Notification,
   showDialog
 } from '@jupyterlab/apputils';
-import { Kernel, KernelConnection, ServerConnection } from '@jupyterlab/services';
+import { Kernel, KernelAPI, KernelConnection, ServerConnection } from '@jupyterlab/services';
 
 /** JupyterLab cuts a notification's message at this many characters. */
 const MAX_MESSAGE = 140;
@@ -94,6 +96,34 @@ function wrap(action: Action, original: Method): Method {
   };
 }
 
+/** The server's reason to refuse restarting this kernel, from its kernel model
+ * (lemon_exec.viewer), or null: a kernel it would restart, or no answer. */
+async function restartRefusal(kernel: KernelConnection): Promise<string | null> {
+  try {
+    const model = (await KernelAPI.getKernelModel(kernel.id, kernel.serverSettings)) as
+      | { lemon_exec?: { restart_refused?: unknown } }
+      | undefined;
+    const reason = model?.lemon_exec?.restart_refused;
+    return typeof reason === 'string' ? reason : null;
+  } catch {
+    return null;
+  }
+}
+
+/** Restart: refused here, before JupyterLab sends the request, when the server says it
+ * would refuse; sending it would drop the outputs of the person's running cells. */
+function guardRestart(restart: Method): Method {
+  return async function (this: KernelConnection): Promise<void> {
+    const reason = await restartRefusal(this);
+    if (reason === null) {
+      return restart.call(this);
+    }
+    notify('restart', reason);
+    refusedRestart.add(this);
+    throw new Error(toastMessage('restart', reason));
+  };
+}
+
 /** The restart dialog answers "restarted" only if the kernel really was. */
 function correctRestartDialog(dialogs: ISessionContext.IDialogs): void {
   const original = dialogs.restart.bind(dialogs);
@@ -117,7 +147,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   optional: [ISessionContextDialogs],
   activate: (_app: JupyterFrontEnd, dialogs: ISessionContext.IDialogs | null): void => {
     const proto = KernelConnection.prototype as unknown as Record<Action, Method>;
-    proto.restart = wrap('restart', proto.restart);
+    proto.restart = guardRestart(wrap('restart', proto.restart));
     proto.interrupt = wrap('interrupt', proto.interrupt);
     if (dialogs) {
       correctRestartDialog(dialogs);
