@@ -10,9 +10,14 @@ soon as its connection file goes. This module makes every command safe and clear
   survives kernels that were shut down and then went away; *Interrupt* sends an
   ``interrupt_request`` on the control channel (the server has no process to signal) and
   reports the kernel's refusal as HTTP 409; *Shut Down* forgets the kernel in this server
-  only (it keeps running for the agent).
+  only (it keeps running for the agent); an external kernel's model carries
+  ``"lemon_exec": {"restart_refused": <reason>}``, so a client can refuse before it asks.
 - the server extension (``ServerApp.jpserver_extensions``): *Restart* of an external kernel
   answers HTTP 409 with the reason, where stock Jupyter Server turns every failure into 500.
+
+JupyterLab shows a 409's reason through the lemon-exec-jupyterlab extension
+(``lemon_exec/labextension``), whose notifications cut messages at 140 characters: keep the
+refusal texts short.
 """
 
 from __future__ import annotations
@@ -29,10 +34,13 @@ from tornado import web
 #: How long Interrupt waits for the kernel's interrupt_reply.
 INTERRUPT_REPLY_TIMEOUT_S = 5.0
 
+#: The kernel model's entry (``GET /api/kernels``) for a kernel this server does not own.
+MODEL_KEY = "lemon_exec"
+
+#: Short enough for JupyterLab's notification (lemon_exec/labextension), which cuts at 140.
 RESTART_REFUSED = (
-    "this kernel is external to Jupyter Server (a lemon_exec session kernel, or another "
-    "process's kernel): it cannot be restarted from here, which would destroy its owner's "
-    "state; interrupt your own cell instead, or shut it down to forget it here"
+    "an external kernel (a lemon_exec agent's session) cannot be restarted from here: "
+    "that would destroy its state"
 )
 
 
@@ -59,6 +67,14 @@ class LemonMappingKernelManager(AsyncMappingKernelManager):
         self._forget_gone()
         kernels: list[dict[str, Any]] = super().list_kernels()  # type: ignore[no-untyped-call]
         return kernels
+
+    def kernel_model(self, kernel_id: str) -> dict[str, Any]:
+        # Tells a client, before it asks, that Restart would be refused and why: JupyterLab
+        # drops its running cells' outputs as soon as it sends a restart request.
+        model: dict[str, Any] = super().kernel_model(kernel_id)  # type: ignore[no-untyped-call]
+        if not self._kernels[kernel_id].owns_kernel:
+            model[MODEL_KEY] = {"restart_refused": RESTART_REFUSED}
+        return model
 
     async def interrupt_kernel(self, kernel_id: str) -> None:  # type: ignore[override]
         km = self.get_kernel(kernel_id)

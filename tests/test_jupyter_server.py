@@ -34,6 +34,7 @@ from websockets.sync.client import connect
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.external import EXTERNAL_DIR_ENV
 from lemon_exec.kernel import protocol
+from lemon_exec.viewer import RESTART_REFUSED
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -197,6 +198,7 @@ def test_jupyter_server_commands_on_a_live_session_kernel(tmp_path: Path, extern
         assert status == 200 and len(kernels) == 1, kernels
         kid = kernels[0]["id"]
         assert kernels[0]["name"] == "lemon-python"
+        assert kernels[0]["lemon_exec"] == {"restart_refused": RESTART_REFUSED}
 
         with server.ws(kid) as ws:
             out, reply = _collect(ws, _send_execute(ws, "print(agent_var['answer'])"))

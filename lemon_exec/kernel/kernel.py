@@ -36,8 +36,8 @@ MANAGED_EXIT_NOTE = (
 
 #: The interrupt_reply error a viewer gets while the agent's script runs (docs/inspection.md).
 AGENT_CELL_NOT_INTERRUPTIBLE = (
-    "the running cell is the lemon_exec agent's script: a viewer can interrupt only the "
-    "cells it started itself (the agent's call has its own timeout)"
+    "the running cell is the lemon_exec agent's script: a viewer can interrupt only its own "
+    "cells"
 )
 
 
