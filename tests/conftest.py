@@ -231,6 +231,6 @@ def reap_dirs() -> Iterator[list[Path]]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
     if any(item.get_closest_marker("bwrap") for item in items):
-        import support_bwrap
+        import support_debian
 
-        support_bwrap.ensure(config)
+        support_debian.ensure_for_session(config, "bwrap", "bubblewrap", "the sandbox tests")

@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support_debian
 from websockets.sync.client import connect
 
 PACKAGE = "chromium"
-INSTALL = f"sudo apt-get install {PACKAGE}"
-_APT_TIMEOUT_S = 600
 
 FLAGS = [
     "--headless",
@@ -41,44 +40,15 @@ FLAGS = [
 
 def executable() -> str:
     """Chromium's path: installed now if it is missing and we may, else the test fails."""
+    problem = support_debian.provide("chromium", PACKAGE)
     found = shutil.which("chromium")
-    if found:
-        return found
-    if os.geteuid() != 0:
-        problem = "not root"
-    elif not shutil.which("apt-get"):
-        problem = "no apt-get"
-    else:
-        problem = _install()
-    found = shutil.which("chromium")
-    if found:
+    if found and not problem:
         return found
     pytest.fail(
-        f"chromium is missing and this browser test needs it ({problem or 'not on PATH'}); "
-        f"install it with: {INSTALL}",
+        f"chromium is missing and this browser test needs it ({problem}); "
+        f"install it with: {support_debian.install_command(PACKAGE)}",
         pytrace=False,
     )
-
-
-def _install() -> str:
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", PACKAGE]):
-        try:
-            done = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=_APT_TIMEOUT_S,
-                stdin=subprocess.DEVNULL,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return f"{' '.join(command)} failed: {exc}"
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            return f"{' '.join(command)} exited with {done.returncode}: {last}"
-    return ""
 
 
 class Browser:

@@ -314,9 +314,10 @@ def test_missing_chromium_without_root_stops_with_one_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import support_chromium
+    import support_debian
 
-    monkeypatch.setattr(support_chromium.shutil, "which", lambda name: None)
-    monkeypatch.setattr(support_chromium.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(support_debian.shutil, "which", lambda name: None)
+    monkeypatch.setattr(support_debian.os, "geteuid", lambda: 1000)
     with pytest.raises(pytest.fail.Exception) as failed:
         support_chromium.executable()
     assert str(failed.value) == (

@@ -1,11 +1,12 @@
 """Every object of a live host's staging root and runtime directory is owner-only (issue 26
 item 7).
 
-Directories 0700, files and Unix sockets 0600 — the kernels' ipc sockets in the runtime
-directory (under the runtime base, /tmp/lemon-exec.<uid>/) included, whose mode zmq takes from the umask (it was 0755 under the usual 022), and the
-host's link socket. Symlinks have no mode of their own on Linux; the only one is
-``pypath/lemon_exec`` (docs/security.md). Checked while a script runs, with a spare waiting,
-in per-call and session mode, for forked and cold kernels, under the host's usual umask.
+Directories 0700, files and Unix sockets 0600: the kernels' ipc sockets in the runtime
+directory (under the runtime base, /tmp/lemon-exec.<uid>/) included, whose mode zmq takes
+from the umask (it was 0755 under the usual 022), and the host's link socket. Symlinks have
+no mode of their own on Linux; the only one is ``pypath/lemon_exec`` (docs/security.md).
+Checked while a script runs, with a spare waiting, in per-call and session mode, for forked
+and cold kernels, under the host's usual umask.
 """
 
 from __future__ import annotations
