@@ -197,7 +197,7 @@ class ManagedKernel:
                 sandbox_dir=sandbox_dir,
             )
             kernel._start_readers()
-            await kernel._wait_ready(time.monotonic() + timeout)
+            await kernel._wait_ready(timeout)
             return kernel
         except BaseException:
             if kernel is not None:
@@ -212,9 +212,10 @@ class ManagedKernel:
         finally:
             os.close(log_fd)
 
-    async def _wait_ready(self, deadline: float) -> None:
+    async def _wait_ready(self, timeout: float) -> None:
         # Ready = answered kernel_info AND IOPub subscribed. ipykernel >= 7.2 says the latter
         # with iopub_welcome; older kernels are ready once any IOPub message arrives.
+        deadline = time.monotonic() + timeout
         self.send_shell("kernel_info_request", {})
         waiting = asyncio.gather(self._kernel_info, self._welcome)
         try:
@@ -228,7 +229,7 @@ class ManagedKernel:
                 if time.monotonic() > deadline:
                     raise KernelStartError(
                         f"execute_code: the kernel did not become ready within "
-                        f"{STARTUP_TIMEOUT_S:.0f} s; check that {self.interpreter} runs and has "
+                        f"{timeout:.0f} s; check that {self.interpreter} runs and has "
                         "ipykernel installed"
                     )
         finally:
