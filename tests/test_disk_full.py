@@ -2,7 +2,9 @@
 
 Every test runs against a real, small tmpfs mounted as ``TMPDIR`` (the suite runs as root,
 as CI does) and filled with a file until the kernel answers ENOSPC; freeing it is deleting
-that file. What is checked: the call returns a result saying the workspace could not be
+that file. The runtime base (keys and sockets, ``/tmp/lemon-exec.<uid>/`` outside tests) is
+put on the same tmpfs, so that a full disk reaches the kernels' own files too, as a full
+``/tmp`` would. What is checked: the call returns a result saying the workspace could not be
 created and why (ENOSPC), nothing ran, nothing is left behind (no workspace, no spill file,
 no kernel), and the host keeps working, sessions and all, once there is room again.
 """
@@ -22,12 +24,15 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec.host import runtime_base
 from lemon_exec.host.staging import StagingRoot
 
 pytestmark = pytest.mark.timeout(120)
 
 WORKSPACE_REFUSED = "execute_code: could not create a private workspace: "
 FULL = "No space left on device (ENOSPC)"
+#: The runtime base's name on the test disk.
+RUNTIME_BASE = "lemon-runtime"
 
 
 class Disk:
@@ -54,7 +59,12 @@ class Disk:
         self._filler.unlink(missing_ok=True)
 
     def contents(self) -> list[str]:
-        return sorted(p.name for p in self.path.iterdir())
+        """What is on the disk, the runtime base (never removed) only when it is not empty."""
+        found = sorted(p.name for p in self.path.iterdir() if p.name != RUNTIME_BASE)
+        base = self.path / RUNTIME_BASE
+        if base.is_dir() and any(base.iterdir()):
+            found.append(RUNTIME_BASE)
+        return found
 
 
 @contextlib.contextmanager
@@ -83,6 +93,7 @@ def disk(monkeypatch: pytest.MonkeyPatch) -> Iterator[Disk]:
     """A 16 MiB tmpfs as ``TMPDIR``."""
     with tmpfs("size=16m") as path:
         monkeypatch.setenv("TMPDIR", str(path))
+        monkeypatch.setattr(runtime_base, "base_path", lambda: path / RUNTIME_BASE)
         yield Disk(path)
 
 
@@ -274,12 +285,17 @@ def test_a_disk_that_fills_at_any_step_of_a_start_gives_a_result(
     for inodes in range(2, 60):
         with tmpfs(f"size=16m,nr_inodes={inodes}") as path:
             monkeypatch.setenv("TMPDIR", str(path))
+            base = path / RUNTIME_BASE
+            monkeypatch.setattr(runtime_base, "base_path", lambda base=base: base)
             facade = ExecuteCode(enabled_config(kernel_mode=mode, timeout_ms=30_000))
             try:
                 result = facade.run_sync("print('ran')", scope=scope)
             finally:
                 facade.close()
-            assert os.listdir(path) == [], (inodes, os.listdir(path))
+            left = [name for name in os.listdir(path) if name != RUNTIME_BASE]
+            if base.is_dir():
+                left += [f"{RUNTIME_BASE}/{name}" for name in os.listdir(base)]
+            assert left == [], (inodes, left)
         if result.content == "ran\n":
             break
         where = f"with {inodes} inodes: {result.content}"
