@@ -269,6 +269,7 @@ def test_forty_concurrent_default_calls_all_return(
         assert facade.run_sync("text('warm')").ok
         assert facade._modes is not None
         limit = facade._modes.admission.limit
+        burst_allowance = facade._modes.pool.max_burst
         started = time.monotonic()
         with KernelSampler(facade, lambda: len(session_kernels(host=os.getpid()))) as sampler:
             results, errors = burst(facade, "text('ok')", 40)
@@ -278,5 +279,8 @@ def test_forty_concurrent_default_calls_all_return(
     assert errors == []
     assert len(results) == 40
     assert all(r.ok for r in results), [r.content for r in results if not r.ok]
-    assert sampler.max_proc <= limit + config.warm_kernels, (sampler.max_proc, limit)
+    # Runs hold at most `limit` kernels; the pool keeps its spares besides, and under a
+    # burst up to `max_burst` more (docs/modes.md: "up to warm_kernels + 3").
+    bound = limit + config.warm_kernels + burst_allowance
+    assert sampler.max_proc <= bound, (sampler.max_proc, limit, bound)
     print(f"40 calls, limit {limit}: {elapsed:.1f} s, at most {sampler.max_proc} kernels")
