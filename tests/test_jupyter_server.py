@@ -16,20 +16,16 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
-from websockets.sync.client import connect
+from support_jupyter import ExternalKernelServer
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.external import EXTERNAL_DIR_ENV
@@ -39,84 +35,6 @@ from lemon_exec.viewer import RESTART_REFUSED
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
 AGENT_SETUP = "agent_var = {'answer': 42}\ntext('ready')"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Server:
-    """A ``jupyter server`` subprocess that sees external kernels in ``external``."""
-
-    def __init__(self, tmp: Path, external: Path) -> None:
-        self.port = _free_port()
-        self.token = secrets.token_hex(16)
-        self.base = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
-            "JUPYTER_DATA_DIR": str(tmp / "data"),
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyter_server",
-                "--no-browser",
-                "--allow-root",
-                "--ip=127.0.0.1",
-                f"--port={self.port}",
-                f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={tmp}",
-                "--ServerApp.allow_external_kernels=True",
-                f"--ServerApp.external_connection_dir={external}",
-                "--ServerApp.kernel_manager_class=lemon_exec.viewer.LemonMappingKernelManager",
-                "--ServerApp.jpserver_extensions={'lemon_exec.viewer': True}",
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(tmp / "server.log", "wb"),  # noqa: SIM115 - closed with the process
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.request("GET", "/api/status")
-                return
-            except (OSError, urllib.error.URLError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError((tmp / "server.log").read_text()[-3000:]) from None
-                time.sleep(0.2)
-
-    def request(self, method: str, path: str) -> tuple[int, Any]:
-        req = urllib.request.Request(
-            self.base + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}"},
-            data=b"" if method == "POST" else None,
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                body = resp.read()
-                return resp.status, json.loads(body) if body else None
-        except urllib.error.HTTPError as exc:
-            body = exc.read()
-            return exc.code, json.loads(body) if body else None
-
-    def ws(self, kernel_id: str) -> Any:
-        url = f"ws://127.0.0.1:{self.port}/api/kernels/{kernel_id}/channels"
-        return connect(url, additional_headers={"Authorization": f"token {self.token}"})
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def _send_execute(ws: Any, code: str) -> str:
@@ -184,7 +102,7 @@ def _session_host(**overrides: Any) -> ExecuteCode:
 
 def test_jupyter_server_commands_on_a_live_session_kernel(tmp_path: Path, external: Path) -> None:
     tool = _session_host()
-    server: Server | None = None
+    server: ExternalKernelServer | None = None
     closed = False
     try:
         scope = SessionScope("viewer", "agent", tmp_path)
@@ -192,7 +110,9 @@ def test_jupyter_server_commands_on_a_live_session_kernel(tmp_path: Path, extern
         assert first.content == "Script result (text()):\nready", first.content
         links = list(external.iterdir())
         assert len(links) == 1 and links[0].name.startswith("lemon-"), links
-        server = Server(tmp_path, external)
+        server = ExternalKernelServer(
+            tmp_path, external, env={"JUPYTER_DATA_DIR": str(tmp_path / "data")}
+        )
 
         status, kernels = server.request("GET", "/api/kernels")
         assert status == 200 and len(kernels) == 1, kernels

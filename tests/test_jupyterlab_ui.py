@@ -17,20 +17,16 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support_chromium import Browser
+from support_jupyter import ExternalKernelServer
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.external import EXTERNAL_DIR_ENV
@@ -84,90 +80,30 @@ KERNEL = "window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
 TOASTS = "[...document.querySelectorAll('.Toastify__toast')].map(t => t.innerText).join('\\n')"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class Lab:
+class Lab(ExternalKernelServer):
     """A ``jupyter lab`` subprocess on loopback that sees external kernels in ``external``."""
 
     def __init__(self, tmp: Path, external: Path) -> None:
-        self.port = _free_port()
-        self.token = secrets.token_hex(16)
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = tmp / "lab.log"
         # Answer JupyterLab's "notified about official Jupyter news?" toast: no.
         settings = tmp / "lab-settings" / "@jupyterlab" / "apputils-extension"
         settings.mkdir(parents=True)
         (settings / "notification.jupyterlab-settings").write_text('{"fetchNews": "false"}')
-        env = {
-            **os.environ,
-            "JUPYTER_RUNTIME_DIR": str(tmp / "runtime"),
-            "JUPYTER_CONFIG_DIR": str(tmp / "config"),
-            "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
-            "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces"),
-        }
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "jupyterlab",
-                "--no-browser",
-                "--allow-root",
-                "--ip=127.0.0.1",
-                f"--port={self.port}",
-                f"--IdentityProvider.token={self.token}",
-                f"--ServerApp.root_dir={tmp}",
-                "--ServerApp.allow_external_kernels=True",
-                f"--ServerApp.external_connection_dir={external}",
-                "--ServerApp.kernel_manager_class=lemon_exec.viewer.LemonMappingKernelManager",
-                "--ServerApp.jpserver_extensions={'lemon_exec.viewer': True}",
+        super().__init__(
+            tmp,
+            external,
+            app="jupyterlab",
+            options=[
                 # window.jupyterapp: the test runs JupyterLab's own commands.
                 "--LabApp.expose_app_in_browser=True",
                 # No news or update toasts beside the one under test.
                 "--LabApp.news_url=None",
                 "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(self.log, "wb"),  # noqa: SIM115 - closed with the process
-            start_new_session=True,
+            env={
+                "JUPYTERLAB_SETTINGS_DIR": str(tmp / "lab-settings"),
+                "JUPYTERLAB_WORKSPACES_DIR": str(tmp / "lab-workspaces"),
+            },
         )
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                self.request("GET", "/api/status")
-                return
-            except (OSError, urllib.error.URLError):
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(self.log.read_text()[-3000:]) from None
-                time.sleep(0.2)
-
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        data = json.dumps(body).encode() if body is not None else b""
-        req = urllib.request.Request(
-            self.base + path,
-            method=method,
-            headers={"Authorization": f"token {self.token}"},
-            data=data if method in ("POST", "PATCH") else None,
-        )
-        try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
-                raw = resp.read()
-                return resp.status, json.loads(raw) if raw else None
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return exc.code, json.loads(raw) if raw else None
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
 
 
 def _session_host() -> ExecuteCode:
