@@ -12,14 +12,13 @@ a margin, and the connection serves the next call (stdio, HTTP with JSON and SSE
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mcp_upstream import serving_http
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.errors import ToolFailure
@@ -86,30 +85,11 @@ def _call(tool: str, result_limit: int | None = None, **params: object) -> ToolC
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(params=["json", "sse"])
 def http_big(request: pytest.FixtureRequest) -> Iterator[str]:
-    port = _free_port()
-    argv = [sys.executable, HOSTILE, "--http", str(port), "--plain"]
-    proc = subprocess.Popen(argv + (["--json"] if request.param == "json" else []))
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    extra = ["--json"] if request.param == "json" else []
+    with serving_http(HOSTILE, "--plain", *extra) as url:
+        yield url
 
 
 # -- item 3: names ------------------------------------------------------------------------------

@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -18,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp_upstream import serving_http
 
 from lemon_exec import ExecuteCodeConfig
 from lemon_exec.errors import ToolDenied, ToolFailure
@@ -242,29 +241,10 @@ async def test_concurrent_calls_share_one_connection(host: ToolHost) -> None:
     assert wall <= 3 * max(one, 0.1) + 0.5, (wall, one)  # slack for a loaded 2-core machine
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def http_upstream() -> Iterator[str]:
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, SERVER, "--http", str(port)])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with serving_http(SERVER) as url:
+        yield url
 
 
 async def test_streamable_http_upstream(http_upstream: str) -> None:
