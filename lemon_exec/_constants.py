@@ -16,7 +16,7 @@ STARTUP_TIMEOUT_S = 10.0
 # After an interrupt (timeout, abort), a kernel gets this long to settle before it is killed.
 GRACE_S = 1.0
 
-# The comm frame cap is lemon_exec.kernel.protocol.FRAME_CAP_BYTES (the kernel imports it).
+# The comm frame cap is lemon_exec.wire.protocol.FRAME_CAP_BYTES (the kernel imports it).
 
 # --- lemon_exec's own names and bounds. ------------------------------------------------------
 

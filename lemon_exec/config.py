@@ -32,7 +32,7 @@ from traitlets import Bool, HasTraits, Integer, List, TraitType, Unicode, valida
 from traitlets.config import Configurable
 
 from lemon_exec.errors import ConfigError, InterpreterError
-from lemon_exec.kernel.protocol import HELPER_NAMES
+from lemon_exec.wire.protocol import HELPER_NAMES
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -2,7 +2,7 @@
 
 Every key any result may carry is declared in :class:`Details` (all optional: which keys a
 result has depends on its mode and on how far the call got). :func:`outcome_of` is the only
-place that reads the flags back into one outcome; result assembly (``host/results.py``)
+place that reads the flags back into one outcome; result assembly (``host/run/results.py``)
 writes them from the same :data:`OUTCOME_FLAGS` table, and telemetry and the notebook runner
 decode with :func:`outcome_of` instead of testing flags themselves.
 

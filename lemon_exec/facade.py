@@ -4,8 +4,8 @@ Async-first (``await run(...)``) with a synchronous twin (``run_sync``) that dri
 runner on a private event-loop thread. One facade lives on one event loop.
 
 The facade owns the lifecycle (the loop it is bound to, the sync twin, closing) and the
-public signatures; it checks each call's arguments (:func:`lemon_exec.host.calls.prepare`)
-and hands the valid ones to the modes (:mod:`lemon_exec.host.modes`), which own the
+public signatures; it checks each call's arguments (:func:`lemon_exec.host.run.calls.prepare`)
+and hands the valid ones to the modes (:mod:`lemon_exec.host.run.router`), which own the
 per-call pool and the session registry and ask the engine for kernels.
 """
 
@@ -21,7 +21,8 @@ from typing import Any, TypeVar
 
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import ConfigError, RefusedError
-from lemon_exec.host.calls import (  # noqa: F401  (the refusal texts, re-exported)
+from lemon_exec.host.kernels.engine import Engine
+from lemon_exec.host.run.calls import (  # noqa: F401  (the refusal texts, re-exported)
     ALREADY_ABORTED,
     BAD_CWD,
     BAD_RESET,
@@ -33,8 +34,7 @@ from lemon_exec.host.calls import (  # noqa: F401  (the refusal texts, re-export
     CallArgs,
     prepare,
 )
-from lemon_exec.host.engine import Engine
-from lemon_exec.host.modes import Modes, finish, staging_refused
+from lemon_exec.host.run.router import Modes, finish, staging_refused
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.schema import tool_schema
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope

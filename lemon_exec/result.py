@@ -1,6 +1,6 @@
 """The public value type of one execute_code result: ``content``, ``details`` and ``trust``.
 
-Its assembly (headline, layout, notices, the envelope) lives in ``lemon_exec.host.results``;
+Its assembly (headline, layout, notices, the envelope) lives in ``lemon_exec.host.run.results``;
 the keys of ``details`` are declared in :class:`lemon_exec.details.Details`. This module
 imports nothing from the host side.
 """

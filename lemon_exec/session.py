@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from lemon_exec.host.calls import CallArgs, base_details
-from lemon_exec.host.results import refusal
+from lemon_exec.host.run.calls import CallArgs, base_details
+from lemon_exec.host.run.results import refusal
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
 
@@ -18,7 +18,7 @@ CLOSED = "execute_code: this session owner handle is closed"
 
 
 class SessionRunner(Protocol):
-    """What an owner needs of the runner that made it (:class:`lemon_exec.host.modes.Modes`)."""
+    """What an owner needs of the runner that made it (``host.run.router.Modes``)."""
 
     async def run(self, args: CallArgs, *, owner_id: int | None = None) -> ExecuteCodeResult: ...
 

@@ -1,7 +1,7 @@
 """Jupyter Server support for viewing live lemon_exec session kernels (docs/inspection.md).
 
 Jupyter Server lists session kernels as *external kernels* (connection files a host links
-into ``external_connection_dir``, see :mod:`lemon_exec.host.external`), but it does not own
+into ``external_connection_dir``, see :mod:`lemon_exec.host.disk.external`), but it does not own
 them, and its stock handling of such kernels fails: Interrupt and Restart answer HTTP 500,
 and once a kernel was shut down from the UI, ``GET /api/kernels`` answers 500 for good as
 soon as its connection file goes. This module makes every command safe and clear:

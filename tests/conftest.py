@@ -9,7 +9,7 @@ At the end of the session, :func:`leak_watch` asserts that none of our kernels i
 running and that no ``lemon-exec-*`` staging root owned by this process (or by a subprocess
 registered with ``leak_watch.add_pid``) is left in the temp directory. Kernels may be
 launched directly (``python -m lemon_exec.kernel``) or forked by a fork-server template
-(``python -m lemon_exec.kernel.forkserver``); both, and the templates, count.
+(``python -m lemon_exec.template.server``); both, and the templates, count.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _marked_processes(marker: str) -> dict[int, tuple[list[bytes], int]]:
     """``pid -> (argv, ppid)`` of running lemon_exec kernel-side processes under ``marker``.
 
     That is kernels (``-m lemon_exec.kernel``) and fork-server templates and the kernels
-    they fork (``-m lemon_exec.kernel.forkserver``; a forked kernel keeps its template's
+    they fork (``-m lemon_exec.template.server``; a forked kernel keeps its template's
     command line and environment block). Zombies are not running and are left out.
     """
     needle = f"{SESSION_ENV}={marker}".encode()
@@ -48,7 +48,7 @@ def _marked_processes(marker: str) -> dict[int, tuple[list[bytes], int]]:
         proc = Path("/proc", entry)
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if not any(arg.startswith(b"lemon_exec.kernel") for arg in argv):
+            if not any(arg.startswith((b"lemon_exec.kernel", b"lemon_exec.template")) for arg in argv):
                 continue
             if needle not in (proc / "environ").read_bytes().split(b"\0"):
                 continue
@@ -59,7 +59,7 @@ def _marked_processes(marker: str) -> dict[int, tuple[list[bytes], int]]:
 
 
 def _is_template(argv: list[bytes]) -> bool:
-    return b"lemon_exec.kernel.forkserver" in argv
+    return b"lemon_exec.template.server" in argv
 
 
 def lemon_processes(

@@ -17,7 +17,7 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult
-from lemon_exec.host.admission import Admission, Denied, Slot, default_limit
+from lemon_exec.host.percall.admission import Admission, Denied, Slot, default_limit
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -25,7 +25,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.facade import MISSING_SCRIPT, NAN_TIMEOUT
-from lemon_exec.host import engine as engine_module
+from lemon_exec.host.kernels import engine as engine_module
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,8 +24,7 @@ from support import configured
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.envelope import parse_envelope
 from lemon_exec.errors import ToolFailure
-from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER, WEBFETCH_NOTICE
-from lemon_exec.kernel import protocol
+from lemon_exec.host.run.results import DIAGNOSTICS_HEADER, TEXT_HEADER, WEBFETCH_NOTICE
 from lemon_exec.tools import (
     ApprovalOutcome,
     PolicyDecision,
@@ -34,6 +33,7 @@ from lemon_exec.tools import (
     ToolSpec,
     default_registry,
 )
+from lemon_exec.wire import protocol
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -21,8 +21,11 @@ import pytest
 import zmq
 from jupyter_client.session import Session
 
-from lemon_exec.kernel import cells, hostlink, linkwire, protocol, zmqwire
+from lemon_exec.kernel import cells, hostlink
 from lemon_exec.kernel.app import LocalIOPubThread
+from lemon_exec.wire import link_framing as linkwire
+from lemon_exec.wire import protocol
+from lemon_exec.wire import zmq_frames as zmqwire
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,16 +15,16 @@ from typing import Any
 import pytest
 
 from lemon_exec.errors import ToolDenied, ToolFailure
-from lemon_exec.host.bridge import (
+from lemon_exec.host.cell.host_bridge import (
     ACK_AFTER_S,
     BridgeLimits,
     HostBridge,
     new_token,
 )
-from lemon_exec.host.frames import bad_fields
-from lemon_exec.kernel import protocol
-from lemon_exec.kernel.protocol import AUTH_FAILED, REPLAYED
 from lemon_exec.tools import PolicyDecision, ToolCall, ToolHost, ToolRegistry, ToolSpec
+from lemon_exec.wire import protocol
+from lemon_exec.wire.frame_fields import bad_fields
+from lemon_exec.wire.protocol import AUTH_FAILED, REPLAYED
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -378,7 +378,7 @@ def test_notify_cap_truncation_and_malformed() -> None:
 
 
 def test_frame_fields_by_type_and_range() -> None:
-    """Pure logic: the field table of every frame kind (host/frames.py)."""
+    """Pure logic: the field table of every frame kind (wire/frame_fields.py)."""
     token = "t" * 43
     call = {"type": "call", "id": 1, "token": token, "tool": "read", "params": {}}
     text = {"type": "text", "n": 1, "token": token, "text": "x"}

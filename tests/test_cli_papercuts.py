@@ -26,7 +26,7 @@ from test_cli import Run, cli, cli_command, cli_env, roots_owned_by, write
 from lemon_exec.cli.live import LiveOutput, unstreamed_content
 from lemon_exec.details import Details
 from lemon_exec.envelope import wrap_untrusted
-from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER
+from lemon_exec.host.run.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.result import ExecuteCodeResult
 
 __all__ = ["cli"]  # the fixture, shared with test_cli

@@ -123,7 +123,8 @@ def test_startup_timeout_is_not_a_setting() -> None:
     assert _constants.STARTUP_TIMEOUT_S == 10.0
     assert _constants.GRACE_S == 1.0
     # The kernel-side numbers live where the kernel imports them from (one copy each).
-    from lemon_exec.kernel import protocol, streams
+    from lemon_exec.kernel import streams
+    from lemon_exec.wire import protocol
 
     assert protocol.FRAME_CAP_BYTES == 256 * 1024
     assert streams.STREAM_CHUNK_CHARS == 64 * 1024

@@ -18,10 +18,10 @@ import pytest
 from support import configured
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.bridge import BridgeLimits, HostBridge
-from lemon_exec.host.results import DIAGNOSTICS_HEADER, TEXT_HEADER
-from lemon_exec.kernel import protocol
+from lemon_exec.host.cell.host_bridge import BridgeLimits, HostBridge
+from lemon_exec.host.run.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.tools import ToolHost, ToolRegistry
+from lemon_exec.wire import protocol
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ import pytest
 from support import LoopThread, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.results import LOST_LINE, LOST_WHY
+from lemon_exec.host.run.results import LOST_LINE, LOST_WHY
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -15,7 +15,7 @@ import tomllib
 import yaml  # type: ignore[import-untyped]  # no stubs installed; the test only reads dicts
 
 import lemon_exec
-from lemon_exec.host.kernelspec import KERNEL_NAME
+from lemon_exec.host.kernels.kernelspec import KERNEL_NAME
 
 REPO = Path(lemon_exec.__file__).resolve().parents[1]
 

@@ -24,8 +24,8 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host import runtime_base
-from lemon_exec.host.staging import StagingRoot
+from lemon_exec.host.disk import runtime_base
+from lemon_exec.host.disk.staging import StagingRoot
 
 pytestmark = pytest.mark.timeout(120)
 

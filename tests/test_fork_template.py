@@ -61,7 +61,7 @@ def test_filling_the_heap_leaves_new_allocations_to_its_top() -> None:
 
 ENV_PROBE = """
 import json, os, subprocess
-from lemon_exec.kernel.forkserver import _set_environ
+from lemon_exec.template.server import _set_environ
 os.environ.update({"LEMON_T_KEEP": "same", "LEMON_T_CHANGE": "old", "LEMON_T_DROP": "x"})
 target = {k: v for k, v in os.environ.items() if k != "LEMON_T_DROP"}
 target.update({"LEMON_T_CHANGE": "new", "LEMON_T_ADD": "added"})
@@ -84,7 +84,7 @@ def test_a_forked_kernel_gets_exactly_the_requested_environment() -> None:
 HASH_PROBE = """
 import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
-print("FORKED" if b"lemon_exec.kernel.forkserver" in parent else "COLD", hash("lemon-x"))
+print("FORKED" if b"lemon_exec.template.server" in parent else "COLD", hash("lemon-x"))
 """
 
 

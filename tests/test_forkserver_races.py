@@ -23,9 +23,9 @@ from pathlib import Path
 import pytest
 from jupyter_client.connect import write_connection_file
 
-from lemon_exec.host import forkserver
-from lemon_exec.host.forkserver import ForkServer
-from lemon_exec.kernel import supervise
+from lemon_exec.proc import supervise
+from lemon_exec.template import client as forkserver
+from lemon_exec.template.client import ForkServer
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,10 +24,10 @@ import pytest
 from support import mcp_call_execute_code, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.host import hygiene
-from lemon_exec.host.runtime_base import runtime_dir_of
-from lemon_exec.host.stale_roots import sweep_stale_roots
-from lemon_exec.kernel import supervise
+from lemon_exec.host.disk import hygiene
+from lemon_exec.host.disk.runtime_base import runtime_dir_of
+from lemon_exec.host.disk.stale_roots import sweep_stale_roots
+from lemon_exec.proc import supervise
 from lemon_exec.scope import SessionScope
 
 #: The bound the issue sets for "host SIGKILLed -> everything gone", with slack for CI.

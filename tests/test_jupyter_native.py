@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.index import read_indexes
+from lemon_exec.host.disk.index import read_indexes
 
 pytestmark = pytest.mark.timeout(120)
 

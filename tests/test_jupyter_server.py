@@ -28,9 +28,9 @@ import zmq
 from support_jupyter import ExternalKernelServer
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.external import EXTERNAL_DIR_ENV
-from lemon_exec.kernel import protocol
+from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
 from lemon_exec.viewer import RESTART_REFUSED
+from lemon_exec.wire import protocol
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -218,7 +218,7 @@ def test_a_subscriber_that_never_reads_does_not_stall_the_agent(tmp_path: Path) 
 
 
 def _connection_file(tool: ExecuteCode, result: Any) -> str:
-    from lemon_exec.host.index import read_indexes
+    from lemon_exec.host.disk.index import read_indexes
 
     deadline = time.monotonic() + 5
     while True:

@@ -29,8 +29,8 @@ from support_chromium import Browser
 from support_jupyter import ExternalKernelServer
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.external import EXTERNAL_DIR_ENV
-from lemon_exec.kernel.kernel import AGENT_CELL_NOT_INTERRUPTIBLE
+from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
+from lemon_exec.kernel.lemon_kernel import AGENT_CELL_NOT_INTERRUPTIBLE
 from lemon_exec.viewer import RESTART_REFUSED
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]

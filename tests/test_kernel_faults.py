@@ -29,7 +29,7 @@ import pytest
 from support import pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
-from lemon_exec.host.index import read_indexes
+from lemon_exec.host.disk.index import read_indexes
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -67,7 +67,7 @@ PROBE = (
     + """
 import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
-print("FORKED" if b"lemon_exec.kernel.forkserver" in parent else "COLD")
+print("FORKED" if b"lemon_exec.template.server" in parent else "COLD")
 print("TCP", tcp_sockets())
 """
 )

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import lemon_exec
-from lemon_exec.host.kernelspec import kernel_json
+from lemon_exec.host.kernels.kernelspec import kernel_json
 
 pytestmark = pytest.mark.timeout(120)
 

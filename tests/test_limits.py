@@ -16,7 +16,7 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.host import limits
+from lemon_exec.host.kernels import resource_limits as limits
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -1,4 +1,4 @@
-"""Tests for lemon_exec.host.output: sanitizing and bounded capture with spill files."""
+"""Tests for lemon_exec.host.cell.output: sanitizing and bounded capture with spill files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from lemon_exec.host.output import (
+from lemon_exec.host.cell.output import (
     CapturedOutput,
     OutputCapture,
     decode_bytes,

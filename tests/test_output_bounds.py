@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.output import OutputCapture, format_truncated_output
+from lemon_exec.host.cell.output import OutputCapture, format_truncated_output
 
 pytestmark = pytest.mark.timeout(120)
 

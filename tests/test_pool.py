@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.forkserver import START_WAIT_S
-from lemon_exec.host.local_backend import LocalBackend
+from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.template.client import START_WAIT_S
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -132,7 +132,7 @@ def test_a_template_that_never_gets_ready_holds_a_start_up_at_most_a_while(
     wrapper = tmp_path / "python"
     wrapper.write_text(
         "#!/bin/sh\n"
-        'if [ "$2" = lemon_exec.kernel.forkserver ]; then exec sleep 60; fi\n'
+        'if [ "$2" = lemon_exec.template.server ]; then exec sleep 60; fi\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(0o755)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from jupyter_client.session import Session
 
-from lemon_exec.kernel import protocol
+from lemon_exec.wire import protocol
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -23,7 +23,7 @@ import pytest
 from support import pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
-from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
+from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -118,7 +118,7 @@ def test_imports_stay_lazy_and_the_kernel_side_stays_host_free() -> None:
         import lemon_exec
         after_package = sorted(m for m in ("jupyter_client", "traitlets", "zmq",
                                            "lemon_exec.facade") if m in sys.modules)
-        import lemon_exec.kernel.kernel
+        import lemon_exec.kernel.lemon_kernel
         host_side = sorted(m for m in sys.modules if m.startswith(("lemon_exec.host",
                            "lemon_exec.config", "lemon_exec.facade", "lemon_exec.tools")))
         print(json.dumps({"after_package": after_package, "host_side": host_side}))

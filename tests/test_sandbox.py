@@ -5,7 +5,7 @@ user's authority there): run the module with ``LEMON_TEST_SANDBOX=none`` to watc
 The helpers, which run on the host, must keep working from inside.
 
 The escape tests run twice: against kernels forked from the sandboxed fork-server template
-(each confines itself after the fork, lemon_exec.kernel.isolate; every run checks that its
+(each confines itself after the fork, lemon_exec.template.isolate; every run checks that its
 kernel was forked) and against kernels started cold under bwrap (fork_server off).
 
 bubblewrap must be installed (``.ci/run`` installs it); a missing bwrap fails these tests.
@@ -33,8 +33,8 @@ import pytest
 from support import enabled_config, mcp_call_execute_code
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host import sandbox as sandboxes
-from lemon_exec.kernel import supervise
+from lemon_exec.host.kernels import sandbox as sandboxes
+from lemon_exec.proc import supervise
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap]
 
@@ -44,7 +44,7 @@ SECRET = "-----BEGIN OPENSSH PRIVATE KEY----- planted-for-the-sandbox-test"
 #: Prints FORKED when the kernel running it was forked from a fork-server template: its
 #: parent is then the template (unsandboxed) or its namespace's init, a copy of the template.
 FORKED_EXPR = (
-    "('FORKED' if b'lemon_exec.kernel.forkserver' in open("
+    "('FORKED' if b'lemon_exec.template.server' in open("
     "'/proc/%d/cmdline' % __import__('os').getppid(), 'rb').read() else 'COLD')"
 )
 FORKED_PROBE = f"print('KERNEL:', {FORKED_EXPR})\n"
@@ -574,7 +574,7 @@ def test_a_cwd_that_is_tmpdir_sees_no_other_hosts_root(
 def test_the_longest_allowed_tmpdir_still_fits_the_sandboxed_sockets(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lemon_exec.host.staging import MAX_SOCKET_BASE_BYTES
+    from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES
 
     parent = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
     try:
@@ -764,7 +764,7 @@ def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) ->
     template whose children cannot confine themselves never says it is ready."""
     import asyncio
 
-    from lemon_exec.host.forkserver import ForkServer
+    from lemon_exec.template.client import ForkServer
 
     if SANDBOX == "none":
         pytest.fail("needs the sandbox")
@@ -815,7 +815,7 @@ def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) ->
 
 
 def test_isolation_options_are_never_weaker_than_bwraps() -> None:
-    from lemon_exec.kernel import isolate
+    from lemon_exec.template import isolate
 
     staging = Path("/tmp/lemon-exec-x")
     argv = [*_argv(Path("/var/tmp"), staging), sys.executable, "-m", "lemon_exec.kernel"]
@@ -883,7 +883,7 @@ def test_a_bind_source_swapped_for_a_symlink_is_refused(world: World) -> None:
     kernel then refuses to start rather than bind what the link names into its view."""
     import asyncio
 
-    from lemon_exec.host.forkserver import ForkServer
+    from lemon_exec.template.client import ForkServer
 
     if SANDBOX == "none":
         pytest.fail("needs the sandbox")

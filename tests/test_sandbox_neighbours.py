@@ -30,7 +30,7 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host import runtime_base
+from lemon_exec.host.disk import runtime_base
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
 
@@ -160,7 +160,7 @@ def _attack(
                 scope = SessionScope(f"attacker-{n}", cwd=str(cwd))
             out = attacker.run_sync(probe, scope=scope).content
             assert "KERNEL" in out, out
-            if ("lemon_exec.kernel.forkserver" in out) == forked:
+            if ("lemon_exec.template.server" in out) == forked:
                 break
             assert forked and time.monotonic() < deadline, out
             time.sleep(0.2)
@@ -301,7 +301,7 @@ def test_a_squatted_runtime_base_is_refused(monkeypatch: pytest.MonkeyPatch, pla
 
 
 def test_a_cwd_inside_the_runtime_base_is_refused() -> None:
-    from lemon_exec.host import sandbox as sandboxes
+    from lemon_exec.host.kernels import sandbox as sandboxes
 
     base = runtime_base.base_path()
     spec = sandboxes.SandboxSpec(kind="bwrap")

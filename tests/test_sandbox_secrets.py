@@ -106,7 +106,7 @@ def wait_forked(tool: ExecuteCode, scope: SessionScope | None) -> SessionScope |
         out = tool.run_sync(
             "import os\nprint(open('/proc/%d/cmdline' % os.getppid(), 'rb').read())", scope=this
         ).content
-        if "lemon_exec.kernel.forkserver" in out:
+        if "lemon_exec.template.server" in out:
             return this
         assert time.monotonic() < deadline, out
         time.sleep(0.2)
@@ -169,7 +169,7 @@ def test_a_warm_spare_sees_no_secret_env_and_the_allowlist_is_kept(home: Path) -
 
 
 def test_hidden_env_patterns_are_configurable() -> None:
-    from lemon_exec.host import sandbox as sandboxes
+    from lemon_exec.host.kernels import sandbox as sandboxes
 
     config = enabled_config(sandbox_env_hidden=["*_TOKEN", "MY_*"], sandbox_env_allowed=["CI_*"])
     spec = sandboxes.spec_from_config(config)
@@ -188,7 +188,7 @@ def test_hidden_env_patterns_are_configurable() -> None:
 
 def test_a_home_of_root_hides_nothing_else(monkeypatch: pytest.MonkeyPatch) -> None:
     """HOME=/ (some containers): hiding ~ must not put a tmpfs over the whole view."""
-    from lemon_exec.host import sandbox as sandboxes
+    from lemon_exec.host.kernels import sandbox as sandboxes
 
     monkeypatch.setenv("HOME", "/")
     spec = sandboxes.spec_from_config(enabled_config(sandbox="bwrap"))

@@ -36,7 +36,7 @@ import pytest
 from conftest import wait_until
 
 from lemon_exec.cli.mcp import TOKEN_ENV
-from lemon_exec.host.runtime_base import runtime_dir_of
+from lemon_exec.host.disk.runtime_base import runtime_dir_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -197,7 +197,7 @@ def test_a_live_host_is_as_the_security_page_says(
     tree = _tree(proc.pid)
     cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in tree}
     kernels = {p for p, c in cmdlines.items() if b"lemon_exec.kernel\0-f" in c}
-    templates = {p for p, c in cmdlines.items() if b"lemon_exec.kernel.forkserver" in c}
+    templates = {p for p, c in cmdlines.items() if b"lemon_exec.template.server" in c}
     workers = {p for p, c in cmdlines.items() if b"_workerproc" in c}
     # The session kernel and the per-call one (each direct, or forked: then its command
     # line is its template's), a tool worker, and the session script's setsid child.

@@ -25,7 +25,7 @@ import pytest
 from support import LoopThread, configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.results import FALLBACK_NOTE, fallback_failed_note, lost_line
+from lemon_exec.host.run.results import FALLBACK_NOTE, fallback_failed_note, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)

@@ -18,11 +18,12 @@ import pytest
 
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.errors import RefusedError
-from lemon_exec.host import private_fs, staging, stale_roots, tree_removal
-from lemon_exec.host.private_fs import write_private_file
-from lemon_exec.host.staging import StagingRoot
-from lemon_exec.host.stale_roots import sweep_stale_roots
-from lemon_exec.host.tree_removal import remove_tree
+from lemon_exec.host.disk import staging, stale_roots
+from lemon_exec.host.disk.staging import StagingRoot
+from lemon_exec.host.disk.stale_roots import sweep_stale_roots
+from lemon_exec.proc import private_fs, tree_removal
+from lemon_exec.proc.private_fs import write_private_file
+from lemon_exec.proc.tree_removal import remove_tree
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.link import LinkEnd
-from lemon_exec.host.runtime_base import runtime_dir_of
+from lemon_exec.host.disk.runtime_base import runtime_dir_of
+from lemon_exec.host.kernels.link_end import LinkEnd
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.timeout(120)
 PROBE = """
 import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
-print("FORKED" if b"lemon_exec.kernel.forkserver" in parent else "COLD")
+print("FORKED" if b"lemon_exec.template.server" in parent else "COLD")
 """
 
 

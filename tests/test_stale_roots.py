@@ -24,12 +24,12 @@ import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec._constants import SPILL_PREFIX
-from lemon_exec.host import hygiene
-from lemon_exec.host.reaper import SpillReaper
-from lemon_exec.host.runtime_base import runtime_dir_of
-from lemon_exec.host.staging import StagingRoot
-from lemon_exec.host.stale_roots import sweep_stale_roots
-from lemon_exec.kernel import supervise
+from lemon_exec.host.disk import hygiene
+from lemon_exec.host.disk.runtime_base import runtime_dir_of
+from lemon_exec.host.disk.spill_reaper import SpillReaper
+from lemon_exec.host.disk.staging import StagingRoot
+from lemon_exec.host.disk.stale_roots import sweep_stale_roots
+from lemon_exec.proc import supervise
 
 pytestmark = pytest.mark.timeout(60)
 

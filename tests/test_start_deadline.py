@@ -20,7 +20,7 @@ from conftest import kernel_pids
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host import forkserver
+from lemon_exec.template import client as forkserver
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 

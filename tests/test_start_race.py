@@ -1,4 +1,4 @@
-"""Pure logic of host/start_race.py (the real-kernel cases are in test_start_deadline.py)."""
+"""Pure logic of host/kernels/start_race.py (real-kernel cases: test_start_deadline.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from lemon_exec.host.start_race import StartLeft, start_within
+from lemon_exec.host.kernels.start_race import StartLeft, start_within
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -20,7 +20,7 @@ from ipykernel.iostream import IOPubThread
 from jupyter_client.session import Session
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.kernel.kernel import LemonKernel
+from lemon_exec.kernel.lemon_kernel import LemonKernel
 from lemon_exec.kernel.streams import BoundedOutStream
 
 pytestmark = pytest.mark.timeout(30)

@@ -24,9 +24,9 @@ import pytest
 from test_forkserver_races import cwd_of, kernel_request
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.host import forkserver
-from lemon_exec.host.forkserver import ForkServer
-from lemon_exec.kernel import supervise
+from lemon_exec.proc import supervise
+from lemon_exec.template import client as forkserver
+from lemon_exec.template.client import ForkServer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,7 +34,7 @@ pytestmark = pytest.mark.timeout(120)
 WHO = """
 import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
-print(os.getppid() if b"lemon_exec.kernel.forkserver" in parent else "COLD")
+print(os.getppid() if b"lemon_exec.template.server" in parent else "COLD")
 """
 
 
@@ -159,9 +159,7 @@ def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
         try:
             await forked_template(ec)
             await asyncio.sleep(1)  # the spares are forked
-            running = asyncio.create_task(
-                ec.run("import time\ntime.sleep(3)\nprint('survived')")
-            )
+            running = asyncio.create_task(ec.run("import time\ntime.sleep(3)\nprint('survived')"))
             await asyncio.sleep(0.5)
             stop = await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)")
             assert stop.details["exit_code"] == 0, stop.content

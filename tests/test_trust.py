@@ -28,10 +28,10 @@ from lemon_exec.envelope import (
     parse_envelope,
     wrap_untrusted,
 )
-from lemon_exec.host.bridge import BridgeStats
-from lemon_exec.host.cell import CellResult
-from lemon_exec.host.output import CapturedOutput
-from lemon_exec.host.results import (
+from lemon_exec.host.cell.execute import CellResult
+from lemon_exec.host.cell.host_bridge import BridgeStats
+from lemon_exec.host.cell.output import CapturedOutput
+from lemon_exec.host.run.results import (
     ACCOUNTING_NOTICE,
     SESSION_NOTICE,
     WEBFETCH_NOTICE,

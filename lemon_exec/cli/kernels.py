@@ -1,7 +1,7 @@
 """``lemon-exec kernels`` and ``lemon-exec attach``: find and open live lemon_exec kernels.
 
 Every running lemon_exec host keeps an index of its live kernels (``kernels.json``, mode
-0600, in its private 0700 staging root; see :mod:`lemon_exec.host.index`). ``kernels``
+0600, in its private 0700 staging root; see :mod:`lemon_exec.host.disk.index`). ``kernels``
 lists the rows of every host of the current OS user; ``attach ID`` replaces this process
 with ``jupyter console --existing CONNECTION_FILE`` on one of them (a unique prefix of the
 id is enough). See ``docs/inspection.md``.
@@ -21,7 +21,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lemon_exec.host.index import read_indexes
+from lemon_exec.host.disk.index import read_indexes
 
 __all__ = ["attach_command", "find_kernel", "kernel_rows", "kernels_command", "register"]
 

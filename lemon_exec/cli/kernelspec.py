@@ -62,7 +62,7 @@ def register(subparsers: Any) -> None:
 
 def add_install_options(parser: argparse.ArgumentParser) -> None:
     """The install options (shared with ``python -m lemon_exec.kernel install``)."""
-    from lemon_exec.host.kernelspec import DISPLAY_NAME, KERNEL_NAME
+    from lemon_exec.host.kernels.kernelspec import DISPLAY_NAME, KERNEL_NAME
 
     where = parser.add_mutually_exclusive_group()
     where.add_argument(
@@ -164,7 +164,7 @@ def install_kernelspec(
     """
     from jupyter_client.kernelspec import KernelSpecManager
 
-    from lemon_exec.host.kernelspec import DISPLAY_NAME, KERNEL_NAME, kernel_json
+    from lemon_exec.host.kernels.kernelspec import DISPLAY_NAME, KERNEL_NAME, kernel_json
 
     python = os.path.abspath(interpreter or sys.executable)
     spec = kernel_json(python, display_name=display_name or DISPLAY_NAME)
@@ -192,7 +192,7 @@ def install_gateway_kernelspec(
     its ``kernels`` directories. Raises ``ValueError`` for a bad name, ``OSError`` when it
     cannot be written.
     """
-    from lemon_exec.host.kernelspec import DISPLAY_NAME, KERNEL_NAME, gateway_kernel_json
+    from lemon_exec.host.kernels.kernelspec import DISPLAY_NAME, KERNEL_NAME, gateway_kernel_json
 
     name = (name or KERNEL_NAME).lower()
     if not _NAME.fullmatch(name):

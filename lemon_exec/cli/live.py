@@ -13,8 +13,8 @@ import contextlib
 from typing import TextIO
 
 from lemon_exec.envelope import parse_envelope
-from lemon_exec.host.output import sanitize
-from lemon_exec.host.results import DIAGNOSTICS_HEADER
+from lemon_exec.host.cell.output import sanitize
+from lemon_exec.host.run.results import DIAGNOSTICS_HEADER
 from lemon_exec.result import ExecuteCodeResult
 
 __all__ = ["LiveOutput", "unstreamed_content", "write_text"]

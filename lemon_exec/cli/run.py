@@ -214,7 +214,7 @@ async def _run(
             installed.append(signum)
     try:
         async with ExecuteCode(config, tools=registry) as tool:
-            # The spill file a result names outlives the tool (24 h; see host/staging.py).
+            # The spill file a result names outlives the tool (24 h; see host/disk/staging.py).
             result = await tool.run(
                 script,
                 timeout_ms=timeout_ms,

@@ -8,7 +8,7 @@ import os
 import sys
 
 from lemon_exec.kernel.lean import skip_optional_modules
-from lemon_exec.kernel.supervise import connection_file_arg, supervise_kernel
+from lemon_exec.proc.supervise import connection_file_arg, supervise_kernel
 
 if __name__ == "__main__" and sys.argv[1:2] == ["install"]:
     # Not ipykernel's install (a plain ipykernel spec): lemon-python run by this Python.

@@ -23,13 +23,14 @@ from traitlets.config import Config
 from traitlets.config.application import catch_config_error
 from traitlets.utils.nested_update import nested_update
 
-from lemon_exec.kernel import helpers, prebuilt, supervise
+from lemon_exec.kernel import helpers, prebuilt
 from lemon_exec.kernel.hostlink import HostLink
-from lemon_exec.kernel.kernel import LemonKernel, LemonShell
 from lemon_exec.kernel.lean import restore_optional_modules
-from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
-from lemon_exec.kernel.protocol import HOST_LINK_ENV
-from lemon_exec.kernel.supervise import connection_file_arg
+from lemon_exec.kernel.lemon_kernel import LemonKernel, LemonShell
+from lemon_exec.proc import supervise
+from lemon_exec.proc.supervise import connection_file_arg
+from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
+from lemon_exec.wire.protocol import HOST_LINK_ENV
 
 _DELIM = b"<IDS|MSG>"  # ends the routing frames of a Jupyter message
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from jupyter_client.session import extract_header
 
-from lemon_exec.kernel import protocol
+from lemon_exec.wire import protocol
 
 
 class ToolError(Exception):
@@ -295,10 +295,12 @@ class CellBridge:
 
     def _send_unchecked(self, frame: dict[str, Any], encoded_text: bytes | None = None) -> None:
         if os.getpid() != self._pid:
-            # A forked child must not use its parent's sockets; nothing it sent would arrive.
-            from lemon_exec.kernel.forkguard import forked_child_error
-
-            raise forked_child_error()
+            # A forked child must not use its parent's sockets; nothing it sent would arrive,
+            # and a helper would wait forever for its reply.
+            raise ToolError(
+                "helpers, text() and notify() work only in the kernel process, not in a "
+                f"forked child (pid {os.getpid()})"
+            )
         self._check_open()
         try:
             content = protocol.comm_content(self.comm_id, frame, encoded_text)

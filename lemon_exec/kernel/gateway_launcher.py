@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     ).start()
 
     from lemon_exec.kernel.lean import skip_optional_modules
-    from lemon_exec.kernel.supervise import supervise_kernel
+    from lemon_exec.proc.supervise import supervise_kernel
 
     supervise_kernel(path, None)
     skip_optional_modules()

@@ -28,9 +28,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from lemon_exec.kernel import cells, protocol
-from lemon_exec.kernel.limits import MAX_MESSAGE_BYTES
-from lemon_exec.kernel.linkwire import FrameReader, LinkFramingError, pack_head
+from lemon_exec.kernel import cells
+from lemon_exec.wire import protocol
+from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
+from lemon_exec.wire.link_framing import FrameReader, LinkFramingError, pack_head
 
 log = logging.getLogger(__name__)
 

@@ -84,7 +84,7 @@ def build() -> bool:
     from ipykernel.compiler import XCachingCompiler
 
     from lemon_exec.kernel.app import LemonKernelApp
-    from lemon_exec.kernel.kernel import LemonShell
+    from lemon_exec.kernel.lemon_kernel import LemonShell
 
     env = dict(os.environ)  # before the shell sets its pager and colour variables
     try:
@@ -207,7 +207,7 @@ def adopt(options: dict[str, Any]) -> None:
     prebuilt, _PREBUILT = _PREBUILT, None
     if prebuilt is None:
         return
-    from lemon_exec.kernel.kernel import LemonShell
+    from lemon_exec.kernel.lemon_kernel import LemonShell
 
     kernel = options.get("kernel")
     if kernel is None or not _matches(prebuilt, options, kernel.config):

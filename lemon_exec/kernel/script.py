@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from lemon_exec.kernel.protocol import ScriptOutcome
+from lemon_exec.wire.protocol import ScriptOutcome
 
 #: The script files this kernel has run; traceback frames from these are the script's own.
 _SCRIPT_FILES: set[str] = set()
@@ -266,7 +266,7 @@ def _run_sync(compiled: Any, namespace: dict[str, Any]) -> None:
 
 def _exit_outcome(exc: SystemExit) -> ScriptOutcome:
     # ename/evalue say it was a SystemExit, also for code 0 (kind "ok", as python3 exits 0):
-    # in session mode the host reports every SystemExit as a cell error (host/results.py).
+    # in session mode the host reports every SystemExit as a cell error (host/run/results.py).
     code = exc.code
     if code is None or code == 0:
         return ScriptOutcome("ok", ename="SystemExit", evalue="" if code is None else "0")

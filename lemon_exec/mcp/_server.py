@@ -42,7 +42,7 @@ from lemon_exec import __version__
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
-from lemon_exec.host import sandbox as sandboxes
+from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import SessionScope
 from lemon_exec.shell import ShellSession
@@ -95,8 +95,7 @@ _EXECUTE_COMMAND_DESCRIPTION = (
 )
 #: Replaces the last point of the description when the server runs under --sandbox.
 _UNCONFINED_POINT = (
-    "- Commands are not filtered: they run with the server's permissions. This is not a "
-    "sandbox."
+    "- Commands are not filtered: they run with the server's permissions. This is not a sandbox."
 )
 _SANDBOXED_POINT = (
     "- Commands run in the same bubblewrap sandbox as execute_code: the filesystem is "
@@ -405,7 +404,7 @@ def build_server(
         raise ValueError(
             f"build_server: the config asks for sandbox = {spec.kind!r} but the given shell "
             "is not confined to it; pass ShellSession(start_dir, sandbox="
-            "lemon_exec.host.sandbox.spec_from_config(config)), or no shell"
+            "lemon_exec.host.kernels.sandbox.spec_from_config(config)), or no shell"
         )
     return LemonExecServer(
         config,

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from lemon_exec.kernel import supervise
+from lemon_exec.proc import supervise
 
 from ._capture import BoundedText
 from ._wrapper import Report, parse_report, wrapper_pid

@@ -19,7 +19,7 @@ per command, by :mod:`lemon_exec.shell._process`. It
 
 It runs once per command, so it imports only what it needs of the standard library, not
 lemon_exec (``-I -S``: a fast start, unaffected by the caller's ``PYTHON*`` variables); the
-process-tree reading is a small copy of :mod:`lemon_exec.kernel.supervise`'s.
+process-tree reading is a small copy of :mod:`lemon_exec.proc.supervise`'s.
 """
 
 from __future__ import annotations

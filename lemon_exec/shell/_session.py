@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lemon_exec.errors import RefusedError
-from lemon_exec.host import sandbox as sandboxes
+from lemon_exec.host.kernels import sandbox as sandboxes
 
 from ._config import effective_timeout, output_limit
 from ._process import ProcessOutcome, run_process, stop_tree

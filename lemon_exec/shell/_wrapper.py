@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from lemon_exec.kernel import supervise
+from lemon_exec.proc import supervise
 
 from . import _reaper
 

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lemon_exec.kernel.protocol import HELPER_NAMES
+from lemon_exec.wire.protocol import HELPER_NAMES
 
 from ._types import ToolCall, ToolFunc, ToolSpec
 

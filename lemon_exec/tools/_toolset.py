@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lemon_exec.kernel.protocol import HELPER_NAMES
+from lemon_exec.wire.protocol import HELPER_NAMES
 
 from ._registry import ToolRegistry
 from ._types import ToolSpec

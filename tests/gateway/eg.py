@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from lemon_exec.host.kernelspec import KERNEL_NAME, kernel_json
+from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, kernel_json
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_ENV = "LEMON_TEST_EG_VENV"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host.results import lost_line
+from lemon_exec.host.run.results import lost_line
 
 from .eg import CuttableProxy, EnterpriseGateway, free_port, running_gateway
 from .support_gw import with_facade

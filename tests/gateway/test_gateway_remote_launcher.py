@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host.results import lost_line
+from lemon_exec.host.run.results import lost_line
 
 from .eg import REMOTE_KERNEL_NAME, EnterpriseGateway
 from .support_gw import with_facade

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host.results import lost_line
+from lemon_exec.host.run.results import lost_line
 
 from .eg import EnterpriseGateway
 from .support_gw import with_facade

@@ -20,7 +20,7 @@ from mcp_types import CallToolResult, TextContent
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.envelope import parse_envelope
 from lemon_exec.errors import KernelStartError
-from lemon_exec.host.results import WEBFETCH_NOTICE
+from lemon_exec.host.run.results import WEBFETCH_NOTICE
 from lemon_exec.mcp import SERVER_NAME, SHELL_SERVER_NAME, build_server
 from lemon_exec.shell import ShellSession
 

@@ -16,7 +16,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 
 from lemon_exec import ExecuteCodeConfig, SessionScope
-from lemon_exec.host.sandbox import spec_from_config
+from lemon_exec.host.kernels.sandbox import spec_from_config
 from lemon_exec.mcp import build_server
 from lemon_exec.shell import ShellSession
 
@@ -133,9 +133,7 @@ def _config(**overrides: Any) -> ExecuteCodeConfig:
 # -- in process ------------------------------------------------------------------------------
 
 
-async def test_sandboxed_server_confines_execute_command(
-    project: Path, listener: Listener
-) -> None:
+async def test_sandboxed_server_confines_execute_command(project: Path, listener: Listener) -> None:
     config = _config()
     server = build_server(
         config,

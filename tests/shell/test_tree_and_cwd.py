@@ -77,8 +77,7 @@ def test_exec_keeps_the_directory_the_shell_was_in(
 ) -> None:
     good, spoof = dirs
     result = session.execute_command(
-        f"cd {q(good)} && exec python3 -c "
-        + q(f"import os; os.chdir({str(spoof)!r}); print(1)")
+        f"cd {q(good)} && exec python3 -c " + q(f"import os; os.chdir({str(spoof)!r}); print(1)")
     )
     assert result["stdout"] == "1\n"
     # The program exec'd in the shell's place moved, the shell did not.

@@ -1,0 +1,123 @@
+"""The kernel-backend seam: where kernels run, behind one interface.
+
+A backend starts a kernel and hands back a :class:`KernelHandle`, which carries the
+kernel's channels (execute a cell, route its messages to a sink, send bridge replies) and
+its signals (interrupt, terminate). The engine supervises handles (tracking, telemetry,
+the index); modes and the comm bridge only ever see handles. Today's implementation is
+:class:`lemon_exec.host.kernels.local_backend.LocalBackend` (local processes over zmq ipc, forked
+from a per-interpreter fork server when one is ready); a sandboxed or gateway backend
+implements the same two protocols and nothing above the engine changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from lemon_exec.host.disk.index import KernelStatus
+from lemon_exec.host.kernels.resource_limits import KernelCgroup
+
+
+class MessageSink(Protocol):
+    """Receives the messages whose parent is one request of ours."""
+
+    def on_iopub(self, msg: dict[str, Any]) -> None: ...
+
+    def on_reply(self, msg: dict[str, Any]) -> None: ...
+
+    def on_dropped(self, channel: str, note: str) -> None:
+        """A message on ``channel`` was refused (too large), perhaps with others around it."""
+        ...
+
+    def on_protocol_fault(self, channel: str, reason: str) -> None:
+        """A message on ``channel`` failed its signature check or was malformed."""
+        ...
+
+
+class KernelHandle(Protocol):
+    """One running kernel and the host's channels to it."""
+
+    kernel_id: str
+    started_at: float  # time.monotonic() at start
+    status: KernelStatus  # what the kernel index records for it
+    #: Why the kernel is no longer trusted (its first protocol fault), or None.
+    fault: str | None
+    invalid_messages: int
+    #: When the host last interrupted it (stopping honours the grace period from then).
+    interrupted_at: float | None
+    #: Its resource-limit cgroup (lemon_exec.host.kernels.resource_limits), or None.
+    cgroup: KernelCgroup | None
+
+    @property
+    def pid(self) -> int | None: ...
+
+    @property
+    def disposed(self) -> bool: ...
+
+    # -- channels ------------------------------------------------------------------------
+
+    def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
+        """Send an execute_request whose messages go to ``sink``; returns its msg_id."""
+        ...
+
+    def release(self, msg_id: str) -> None:
+        """Stop routing messages of ``msg_id``."""
+        ...
+
+    def send_bridge_reply(self, content: dict[str, Any]) -> None:
+        """Answer a helper call (on the control channel: see docs/comm-protocol.md)."""
+        ...
+
+    # -- process -------------------------------------------------------------------------
+
+    async def is_alive(self) -> bool: ...
+
+    async def exit_status(self) -> int | None: ...
+
+    async def signal_group(self, signum: int) -> None:
+        """Signal the kernel and everything it started (SIGINT interrupts a cell)."""
+        ...
+
+    async def kill(self) -> None:
+        """Kill at once and release every resource (idempotent)."""
+        ...
+
+    def kill_sync(self) -> None:
+        """Kill without awaiting (exit-time cleanup)."""
+        ...
+
+    def publish(self) -> None:
+        """Make the kernel visible to people's tools (e.g. Jupyter Server), if configured."""
+        ...
+
+
+class KernelBackend(Protocol):
+    """Starts, interrupts and stops kernels somewhere; the engine's only way to make one."""
+
+    async def start(
+        self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
+    ) -> KernelHandle:
+        """A ready kernel, or ``KernelStartError``/``InterpreterError``/``TimeoutError``.
+
+        Never leaves anything running on failure.
+        """
+        ...
+
+    async def interrupt(self, kernel: KernelHandle) -> None:
+        """Interrupt the running cell (the kernel is discarded afterwards)."""
+        ...
+
+    async def stop(self, kernel: KernelHandle) -> None:
+        """Stop ``kernel``: terminate, one grace period, then kill; files removed."""
+        ...
+
+    def warm_up(self, interpreter: str, env: dict[str, str]) -> None:
+        """Prepare fast starts for ``interpreter`` in the background (may do nothing)."""
+        ...
+
+    def emergency_cleanup(self) -> None:
+        """Exit-time cleanup without a loop: kill whatever the backend itself runs."""
+        ...
+
+    async def aclose(self) -> None:
+        """Stop whatever the backend itself runs (kernels are the engine's to stop)."""
+        ...

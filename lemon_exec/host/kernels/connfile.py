@@ -1,0 +1,60 @@
+"""A kernel manager that writes its connection file without touching the directory's mode.
+
+jupyter_client's ``write_connection_file`` adds the sticky bit to the directory holding the
+file (``chmod`` after the fact, meant for the shared Jupyter runtime directory, so that only
+a file's owner may remove it). Our connection files live in the staging root's private
+``runtime/`` directory, which must stay exactly 0700 as created: nobody else can enter it, so
+the sticky bit adds nothing, and a chmod after creation is what the staging contract rules
+out. This manager writes the same file itself, created at 0600 with ``O_EXCL | O_NOFOLLOW``
+(never through a planted file or link), and leaves the directory alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from jupyter_client.manager import AsyncKernelManager
+
+from lemon_exec.proc.private_fs import write_private_file
+
+_PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+class PrivateKernelManager(AsyncKernelManager):
+    """``AsyncKernelManager`` whose ipc connection file leaves its directory's mode alone."""
+
+    def write_connection_file(self, **kwargs: Any) -> None:
+        if self._connection_file_written and os.path.exists(self.connection_file):
+            return
+        if self.transport != "ipc":  # tcp ports need jupyter_client's port picking
+            super().write_connection_file(**kwargs)
+            return
+        # ipc "ports" are suffixes of the socket path: the first free ones, as upstream picks.
+        taken = {getattr(self, name) for name in _PORT_NAMES}
+        n = 1
+        for name in _PORT_NAMES:
+            if getattr(self, name) > 0:
+                continue
+            while n in taken or os.path.exists(f"{self.ip}-{n}"):
+                n += 1
+            setattr(self, name, n)
+            taken.add(n)
+        info: dict[str, Any] = {name: getattr(self, name) for name in _PORT_NAMES}
+        info.update(
+            ip=self.ip,
+            key=self.session.key.decode(),
+            transport=self.transport,
+            signature_scheme=self.session.signature_scheme,
+            kernel_name=self.kernel_name,
+        )
+        for name in ("curve_publickey", "curve_secretkey"):
+            value = getattr(self, name, None)
+            if value is not None:
+                info[name] = value.decode("ascii")
+        info.update(kwargs)
+        directory, name = os.path.split(self.connection_file)
+        write_private_file(Path(directory), name, json.dumps(info, indent=2))
+        self._connection_file_written = True

@@ -1,0 +1,636 @@
+"""ManagedKernel: one lemon-python kernel process and the host's connection to it.
+
+Started through jupyter_client (AsyncKernelManager + AsyncKernelClient) with the ipc transport
+and its connection file in the host's private 0700 runtime directory. Two reader tasks route
+IOPub and shell messages to the cell that sent the request (by parent ``msg_id``), so a person
+attached to the same kernel with their own client never leaks into an agent's result.
+
+Host memory does not depend on the kernel's good behaviour: no frame over
+:data:`MAX_MESSAGE_BYTES` is ever buffered (zmq's MAXMSGSIZE closes the connection when one
+announces itself; a watcher reconnects the channel at once and tells the running cells), and a
+multi-frame message whose total is over the limit is dropped before it is decoded. The
+kernel keeps to the same limit itself (it publishes a short note instead of a larger message;
+see :mod:`lemon_exec.wire.limits`), so this is only a backstop.
+
+A message that fails its signature check, or is not a Jupyter message at all, is a protocol
+fault: the kernel is no longer trusted. The running cell hears of it at once and ends (and
+the kernel is discarded); a fault while no cell runs is remembered in :attr:`fault`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
+
+from lemon_exec._constants import STARTUP_TIMEOUT_S
+from lemon_exec.errors import InterpreterError, KernelStartError
+from lemon_exec.host.cell.output import format_size
+from lemon_exec.host.disk import external, hygiene
+from lemon_exec.host.disk.index import KernelStatus
+from lemon_exec.host.kernels.backend import MessageSink
+from lemon_exec.host.kernels.connfile import PrivateKernelManager
+from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, LemonKernelSpecManager
+from lemon_exec.host.kernels.link_end import LinkEnd
+from lemon_exec.host.kernels.resource_limits import KernelCgroup
+from lemon_exec.proc.tree_removal import remove_tree
+from lemon_exec.template.client import ForkedProcess
+from lemon_exec.wire import protocol
+from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
+from lemon_exec.wire.zmq_frames import NOBLOCK, recv_frames
+
+log = logging.getLogger(__name__)
+
+_LIVENESS_POLL_S = 0.1
+
+#: Messages a channel reader takes in a row before it lets the event loop run.
+_READ_BURST = 32
+
+#: After a channel's connection drops, how long to wait before asking whether the kernel is
+#: still alive (a dying kernel's sockets close a moment before its process is reaped).
+_DISCONNECT_SETTLE_S = 0.05
+
+
+class ManagedKernel:
+    """A running lemon-python kernel: the local backend's kernel handle.
+
+    Create with :meth:`start`; dispose with :meth:`kill`. Implements
+    :class:`lemon_exec.host.kernels.backend.KernelHandle`.
+    """
+
+    def __init__(
+        self,
+        km: AsyncKernelManager,
+        kc: AsyncKernelClient,
+        *,
+        kernel_id: str,
+        interpreter: str,
+        log_path: Path,
+        link: LinkEnd,
+        sandbox_dir: Path | None = None,
+    ) -> None:
+        self.kernel_id = kernel_id
+        #: A sandboxed kernel's own runtime directory (the only part of it the kernel sees).
+        self._sandbox_dir = sandbox_dir
+        self.interpreter = interpreter
+        self.started_at = time.monotonic()
+        self._km = km
+        self._kc = kc
+        self._log_path = log_path
+        #: The host link (host/kernels/link_end.py): IOPub in, bridge replies out.
+        self._link = link
+        #: The link that publishes the connection file to Jupyter Server (see publish()).
+        self._published: Path | None = None
+        self._sinks: dict[str, MessageSink] = {}
+        self._readers: list[asyncio.Task[None]] = []
+        self._monitors: list[zmq.asyncio.Socket] = []
+        self._welcome = asyncio.get_running_loop().create_future()
+        self._kernel_info: asyncio.Future[dict[str, Any]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._disposed = False
+        #: Told to stop (SIGTERM/SIGKILL sent): its sockets closing is its exit, not a drop.
+        self._stopping = False
+        #: Why the kernel is no longer trusted (the first protocol fault), or None.
+        self.fault: str | None = None
+        #: How many messages failed their signature check or were malformed.
+        self.invalid_messages = 0
+        #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
+        self.interrupted_at: float | None = None
+        #: Its resource-limit cgroup, set by the backend once it is placed there.
+        self.cgroup: KernelCgroup | None = None
+        self.status = KernelStatus(kernel_id, "per_call", "starting", km.connection_file)
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def start(
+        cls,
+        *,
+        interpreter: str,
+        cwd: str,
+        runtime_dir: Path,
+        env: dict[str, str] | None = None,
+        fork_server_id: str = "",
+        timeout: float = STARTUP_TIMEOUT_S,
+        sandbox: Callable[[Path], list[str]] | None = None,
+    ) -> ManagedKernel:
+        """Start a kernel and wait until it is ready; never leaves a process behind on failure.
+
+        ``sandbox`` maps the kernel's own runtime directory to the argv prefix that confines
+        it (see :mod:`lemon_exec.host.kernels.sandbox`). A sandboxed kernel's sockets and connection
+        file live in that directory, the only part of the runtime directory it can see.
+        """
+        kernel_id = secrets.token_hex(8)
+        sandbox_dir: Path | None = None
+        socket_base = runtime_dir / f"k-{kernel_id}-ipc"
+        connection_file = runtime_dir / f"kernel-{kernel_id}.json"
+        prefix: list[str] = []
+        if sandbox is not None:
+            sandbox_dir = runtime_dir / kernel_id
+            prefix = sandbox(sandbox_dir)  # may refuse: before anything exists
+            sandbox_dir.mkdir(mode=0o700)
+            # Shorter than the unsandboxed names, so check_socket_room's bound still holds.
+            socket_base = sandbox_dir / "ipc"
+            connection_file = sandbox_dir / f"kernel-{kernel_id}.json"
+        # The host reads IOPub and sends bridge replies on a link of its own (link_end.py),
+        # listening before the kernel starts: the kernel connects while it initialises.
+        link_path = Path(f"{socket_base}-host")
+        env = {**(env or {}), protocol.HOST_LINK_ENV: str(link_path)}
+        spec_manager = LemonKernelSpecManager(
+            interpreter=interpreter, env=env, fork_server_id=fork_server_id, argv_prefix=prefix
+        )
+        km = PrivateKernelManager(
+            context=shared_context(),
+            kernel_name=KERNEL_NAME,
+            kernel_spec_manager=spec_manager,
+            transport="ipc",
+            ip=str(socket_base),
+            connection_file=str(connection_file),
+        )
+        log_path = runtime_dir / f"kernel-{kernel_id}.log"
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        kernel: ManagedKernel | None = None
+        link: LinkEnd | None = None
+        try:
+            link = LinkEnd(link_path)
+            try:
+                await asyncio.wait_for(
+                    km.start_kernel(cwd=cwd, stdout=subprocess.DEVNULL, stderr=log_fd),
+                    timeout,
+                )
+            except FileNotFoundError as exc:
+                raise InterpreterError(
+                    f"execute_code: python_path not found: {interpreter}; set python_path "
+                    "(or LEMON_EXECUTE_CODE_PYTHON_PATH) to an existing Python interpreter"
+                ) from exc
+            except PermissionError as exc:
+                raise InterpreterError(
+                    f"execute_code: python_path is not executable: {interpreter}; set "
+                    "python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to a Python interpreter"
+                ) from exc
+            kc = km.client(context=shared_context())
+            # No heartbeat (liveness is polled on the process, and its thread and socket per
+            # kernel are wasted), no stdin (scripts have none) and not the public IOPub.
+            kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+            kernel = cls(
+                km,
+                kc,
+                kernel_id=kernel_id,
+                interpreter=interpreter,
+                log_path=log_path,
+                link=link,
+                sandbox_dir=sandbox_dir,
+            )
+            kernel._start_readers()
+            await kernel._wait_ready(timeout)
+            return kernel
+        except BaseException:
+            if kernel is not None:
+                await kernel.kill()
+            else:
+                if link is not None:
+                    link.close()
+                await _kill_manager(km)
+                _remove_dir(sandbox_dir)
+            _unlink(log_path)
+            raise
+        finally:
+            os.close(log_fd)
+
+    async def _wait_ready(self, timeout: float) -> None:
+        # Ready = answered kernel_info AND IOPub subscribed. ipykernel >= 7.2 says the latter
+        # with iopub_welcome; older kernels are ready once any IOPub message arrives.
+        deadline = time.monotonic() + timeout
+        self.send_shell("kernel_info_request", {})
+        waiting = asyncio.gather(self._kernel_info, self._welcome)
+        try:
+            while True:
+                done, _ = await asyncio.wait({waiting}, timeout=_LIVENESS_POLL_S)
+                if done:
+                    waiting.result()
+                    return
+                if not await self.is_alive():
+                    raise self._start_failure("the kernel process exited during startup")
+                if time.monotonic() > deadline:
+                    raise KernelStartError(
+                        f"execute_code: the kernel did not become ready within "
+                        f"{timeout:.0f} s; check that {self.interpreter} runs and has "
+                        "ipykernel installed"
+                    )
+        finally:
+            waiting.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await waiting
+
+    def _start_failure(self, what: str) -> KernelStartError:
+        tail = _read_tail(self._log_path)
+        if "No module named" in tail and ("ipykernel" in tail or "lemon_exec" in tail):
+            return InterpreterError(
+                f"execute_code: {self.interpreter} has no ipykernel; install it with "
+                f"`{self.interpreter} -m pip install ipykernel` or set python_path to an "
+                "interpreter that has it"
+            )
+        detail = tail.strip().splitlines()[-1] if tail.strip() else "no error output"
+        return KernelStartError(f"execute_code: {what} ({detail})")
+
+    async def kill(self) -> None:
+        """Kill the kernel's whole process group and remove its files (idempotent)."""
+        if self._disposed:
+            return
+        self._disposed = True
+        for task in self._readers:
+            task.cancel()
+        for task in self._readers:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._close_monitors()
+        self._unpublish()
+        self._kc.stop_channels()
+        self._link.close()
+        await _kill_manager(self._km)
+        _unlink(self._log_path)
+        _remove_dir(self._sandbox_dir)
+
+    def kill_sync(self) -> None:
+        """SIGKILL the process group and remove files without awaiting (exit-time cleanup)."""
+        if self._disposed:
+            return
+        self._disposed = True
+        pgid = getattr(self._km.provisioner, "pgid", None)
+        pid = self.pid
+        hygiene.kill_kernel_tree(getattr(self._km.provisioner, "process", None))
+        with contextlib.suppress(OSError, TypeError):
+            if pgid:
+                os.killpg(pgid, signal.SIGKILL)
+            elif pid:
+                os.kill(pid, signal.SIGKILL)
+        self._unpublish()
+        self._link.close()
+        for path in (Path(self.connection_file), self._log_path):
+            _unlink(path)
+        _remove_dir(self._sandbox_dir)
+        self._close_monitors()
+
+    @property
+    def disposed(self) -> bool:
+        return self._disposed
+
+    def publish(self) -> None:
+        """Link the connection file into the Jupyter external-kernels directory, if set.
+
+        Only when ``LEMON_EXEC_JUPYTER_EXTERNAL_DIR`` names one (see docs/inspection.md):
+        Jupyter Server started with ``allow_external_kernels`` then lists the kernel. A
+        symlink, so that it dangles (and Jupyter drops the kernel) as soon as the
+        connection file is gone, even when this host dies without unpublishing. Never
+        fails the caller: a directory that cannot be used is logged and skipped.
+        """
+        if self._published is not None or self._disposed:
+            return
+        self._published = external.publish(self.kernel_id, Path(self.connection_file))
+
+    def _unpublish(self) -> None:
+        if self._published is not None:
+            _unlink(self._published)
+            self._published = None
+
+    async def is_alive(self) -> bool:
+        process = getattr(self._km.provisioner, "process", None)
+        if isinstance(process, ForkedProcess) and process.orphaned:
+            return False  # its template died: so does it, in a moment if not yet
+        return not self._disposed and await self._km.is_alive()
+
+    async def exit_status(self) -> int | None:
+        """The process's exit status once it has ended (negative: killed by that signal)."""
+        provisioner = self._km.provisioner
+        process = getattr(provisioner, "process", None)
+        if isinstance(process, ForkedProcess):
+            # A forked kernel's status comes in the template's report, just after the reap.
+            await process.settle()
+        status = None if provisioner is None else await provisioner.poll()
+        if self._sandbox_dir is not None and status is not None and 128 < status <= 128 + 64:
+            # bwrap reports a kernel killed by signal N as exit status 128 + N.
+            return -(status - 128)
+        return status
+
+    async def signal_group(self, signum: int) -> None:
+        """Send ``signum`` to the kernel's process group (the script's children included)."""
+        if signum in (signal.SIGTERM, signal.SIGKILL):
+            self._stopping = True
+        with contextlib.suppress(ProcessLookupError, OSError, RuntimeError):
+            await self._km.signal_kernel(signum)
+
+    @property
+    def pid(self) -> int | None:
+        provisioner = self._km.provisioner
+        return getattr(provisioner, "pid", None)
+
+    @property
+    def connection_file(self) -> str:
+        return self._km.connection_file
+
+    # -- messages ------------------------------------------------------------------------
+
+    def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
+        """Send an execute_request whose outputs go to ``sink``; returns its msg_id."""
+        msg = self._kc.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+            metadata=metadata,
+        )
+        msg_id: str = msg["header"]["msg_id"]
+        self._sinks[msg_id] = sink
+        self._kc.shell_channel.send(msg)
+        return msg_id
+
+    def release(self, msg_id: str) -> None:
+        """Stop routing messages of ``msg_id``; later ones are dropped."""
+        self._sinks.pop(msg_id, None)
+
+    def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
+        msg = self._kc.session.msg(msg_type, content)
+        self._kc.shell_channel.send(msg)
+        msg_id: str = msg["header"]["msg_id"]
+        return msg_id
+
+    def send_bridge_reply(self, content: dict[str, Any]) -> None:
+        """Send a bridge reply on the host link, else on control (§3)."""
+        if self._disposed:
+            return
+        session = self._kc.session
+        if self._link.connected:
+            packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
+            self._link.send(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
+            return
+        self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
+
+    def _start_readers(self) -> None:
+        session = self._kc.session
+        self._readers.append(
+            asyncio.create_task(
+                self._link.serve(
+                    lambda frames: self._take("IOPub", frames, session, self._route_iopub),
+                    lambda size: self._dropped("IOPub", _drop_note(size)),
+                    self._link_ended,
+                )
+            )
+        )
+        channels = (
+            ("shell", self._kc.shell_channel.socket, self._route_reply),
+            ("control", self._kc.control_channel.socket, _ignore),
+        )
+        for name, socket, route in channels:
+            self._readers.append(asyncio.create_task(self._read(name, socket, route)))
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitors.append(monitor)
+            self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
+
+    def _link_ended(self, problem: str | None) -> None:
+        """The kernel's link closed: its exit, unless the kernel lives on without it."""
+        if self._disposed or self._stopping:
+            return
+        if problem is not None:
+            self._faulted("IOPub", problem)
+            return
+        task = asyncio.ensure_future(self._check_link_closed())
+        self._readers.append(task)
+
+    async def _check_link_closed(self) -> None:
+        await asyncio.sleep(_DISCONNECT_SETTLE_S)  # a dying kernel closes it just before exit
+        if not self._disposed and not self._stopping and await self.is_alive():
+            self._faulted("IOPub", "the kernel closed its link to the host")
+
+    async def _read(
+        self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
+    ) -> None:
+        # Reads the channel's socket directly and decodes with protocol.unpack_signed: every
+        # stream chunk and bridge frame passes here, and Session.deserialize's date parsing
+        # was a measurable part of a helper's round trip.
+        # Messages are taken with non-blocking receives on a plain view of the socket while
+        # its descriptor is readable: no future, timer or reader registration per message
+        # (pyzmq's awaitable recv makes each), which was a measurable part of a helper's
+        # round trip and of text() throughput.
+        session = self._kc.session
+        plain: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
+        loop = asyncio.get_running_loop()
+        readable = asyncio.Event()
+        fd = plain.FD
+        loop.add_reader(fd, readable.set)
+        try:
+            while True:
+                for _ in range(_READ_BURST):
+                    try:
+                        # copy=False: the size is checked before any byte is copied or decoded.
+                        frames = recv_frames(plain, NOBLOCK, copy=False)
+                    except zmq.Again:
+                        break
+                    self._take(name, frames, session, route)
+                else:
+                    # A burst: let the loop run (the cells' deadline watchdog), then go on.
+                    await asyncio.sleep(0)
+                    continue
+                readable.clear()
+                # zmq's descriptor is edge-triggered: look again before waiting on it.
+                if int(plain.get(zmq.EVENTS)) & zmq.POLLIN:
+                    continue
+                await readable.wait()
+        finally:
+            loop.remove_reader(fd)
+
+    def _take(
+        self,
+        name: str,
+        frames: list[Any],
+        session: Any,
+        route: Callable[[dict[str, Any]], None],
+    ) -> None:
+        """Check, verify and route one message read on channel ``name``."""
+        size = sum(len(frame) for frame in frames)
+        if size > MAX_MESSAGE_BYTES:
+            del frames
+            self._dropped(name, _drop_note(size))
+            return
+        try:
+            msg = protocol.unpack_signed(session, frames)
+        except Exception as exc:  # badly signed or malformed: a protocol fault
+            self._faulted(name, _fault_reason(exc))
+            return
+        try:
+            route(msg)
+        except Exception:
+            log.exception("error routing a kernel message")
+
+    async def _watch(
+        self, name: str, socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
+    ) -> None:
+        """Reconnect ``socket`` whenever its connection drops, and report why.
+
+        On ipc a live kernel never closes its end, so a drop means zmq refused a frame over
+        MAXMSGSIZE (a protocol error, after which zmq does not reconnect by itself).
+        Messages the kernel sent until the new connection was up are lost, hence the note.
+        """
+        while True:
+            event = await monitor.recv_multipart()
+            endpoint = event[1].decode() if len(event) > 1 else ""
+            if self._disposed or self._stopping or not endpoint:
+                continue
+            with contextlib.suppress(zmq.ZMQError):
+                socket.disconnect(endpoint)
+            with contextlib.suppress(zmq.ZMQError):
+                socket.connect(endpoint)
+            await asyncio.sleep(_DISCONNECT_SETTLE_S)
+            if await self.is_alive():
+                log.warning("kernel %s: %s connection dropped; reconnected", self.kernel_id, name)
+                self._dropped(name, _drop_note(None, lost_around=True))
+
+    def _dropped(self, channel: str, note: str) -> None:
+        for sink in list(self._sinks.values()):
+            try:
+                sink.on_dropped(channel, note)
+            except Exception:
+                log.exception("error reporting a dropped kernel message")
+
+    def _faulted(self, channel: str, reason: str) -> None:
+        """Count an invalid message; the running cells end (the kernel is not trusted)."""
+        self.invalid_messages += 1
+        if self.fault is None:
+            self.fault = reason
+            log.warning("kernel %s: protocol fault on %s: %s", self.kernel_id, channel, reason)
+        for sink in list(self._sinks.values()):
+            try:
+                sink.on_protocol_fault(channel, reason)
+            except Exception:
+                log.exception("error reporting a protocol fault")
+
+    def _close_monitors(self) -> None:
+        sockets = [
+            getattr(c, "socket", None) for c in (self._kc.shell_channel, self._kc.control_channel)
+        ]
+        for socket in sockets:
+            if socket is not None and not socket.closed:
+                with contextlib.suppress(zmq.ZMQError):
+                    socket.disable_monitor()
+        for monitor in self._monitors:
+            monitor.close(linger=0)
+        self._monitors.clear()
+
+    def _route_iopub(self, msg: dict[str, Any]) -> None:
+        msg_type = msg.get("msg_type")
+        if msg_type == "iopub_welcome" or (msg_type == "status" and not self._welcome.done()):
+            if not self._welcome.done():
+                self._welcome.set_result(None)
+            return
+        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if sink is not None:
+            sink.on_iopub(msg)
+
+    def _route_reply(self, msg: dict[str, Any]) -> None:
+        if msg.get("msg_type") == "kernel_info_reply":
+            if not self._kernel_info.done():
+                self._kernel_info.set_result(msg["content"])
+            return
+        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
+        if sink is not None:
+            sink.on_reply(msg)
+
+
+_CONTEXT: zmq.asyncio.Context | None = None
+#: First retry of a connection the kernel has not bound yet, and the backoff's ceiling.
+_RECONNECT_IVL_MS = 2
+_RECONNECT_IVL_MAX_MS = 100
+
+
+def shared_context() -> zmq.asyncio.Context:
+    """One zmq context (one IO thread) for every kernel connection of this process.
+
+    jupyter_client would otherwise create two per kernel (IOPub comes on the host link,
+    host/kernels/link_end.py). Receive queues are bounded (64 messages). No frame over
+    MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel sends.
+    """
+    global _CONTEXT
+    if _CONTEXT is None or _CONTEXT.closed:
+        _CONTEXT = zmq.asyncio.Context()
+        _CONTEXT.setsockopt(zmq.RCVHWM, 64)
+        _CONTEXT.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        # The host connects before a new kernel has bound its sockets (ipc: refused until
+        # then); zmq's default 100 ms retry interval was most of a kernel start's latency.
+        # Retry soon, backing off to the default for a kernel that is gone.
+        _CONTEXT.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
+        _CONTEXT.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
+    return _CONTEXT
+
+
+def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
+    """The line a cell's output gets when the host refused a message from the kernel."""
+    what = f"a {format_size(size)} message" if size is not None else "a message"
+    note = (
+        f"[{what} from the kernel was dropped: over the "
+        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit"
+    )
+    if lost_around:
+        note += "; output sent while the host reconnected (a few ms) may be missing too"
+    return note + "]"
+
+
+def _fault_reason(exc: Exception) -> str:
+    """What was wrong with a message :func:`protocol.unpack_signed` refused."""
+    if "signature" in str(exc):  # unpack_signed's "invalid message signature"
+        return "a message from the kernel failed its signature check"
+    return "a message from the kernel was malformed"
+
+
+def _ignore(_msg: dict[str, Any]) -> None:
+    """Control replies (e.g. to interrupts) need no routing, but must be drained."""
+
+
+async def _kill_manager(km: AsyncKernelManager) -> None:
+    with contextlib.suppress(Exception):
+        if km.has_kernel:
+            hygiene.kill_kernel_tree(getattr(km.provisioner, "process", None))
+            await km.signal_kernel(signal.SIGKILL)
+            await km.shutdown_kernel(now=True)
+    with contextlib.suppress(Exception):
+        await km.cleanup_resources()
+
+
+def _remove_dir(path: Path | None) -> None:
+    """Remove a sandboxed kernel's runtime directory (bounded: the script could write there)."""
+    if path is not None:
+        with contextlib.suppress(OSError):
+            remove_tree(path)
+
+
+def _unlink(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+
+
+def _read_tail(path: Path, limit: int = 4096) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

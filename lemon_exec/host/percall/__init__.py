@@ -1,0 +1,1 @@
+"""Per-call runs: admission control and the pool of warm spares."""

@@ -1,0 +1,1 @@
+"""Session mode: the registry of persistent kernels, their queues and owners."""

@@ -1,0 +1,1 @@
+"""Process and private-disk primitives, shared by the host and the kernel side."""

@@ -1,0 +1,210 @@
+"""Owner-only filesystem primitives: private directories and files, owner markers.
+
+Everything here fails closed: a directory is used only if it is a real directory (not a
+symlink), owned by us, mode exactly 0700; a file is created 0600 with ``O_EXCL |
+O_NOFOLLOW``, so an existing file or a planted symlink at the name is an error rather than
+something we write through. An owner marker is a small 0600 JSON file naming the process
+that owns a directory, so later processes can tell a dead owner's directory from a live one.
+
+Bounded removal lives in :mod:`lemon_exec.proc.tree_removal`; the staging area built from
+these pieces in :mod:`lemon_exec.host.disk.staging`.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from lemon_exec.errors import RefusedError
+
+__all__ = [
+    "DIR_FLAGS",
+    "DISK_FULL",
+    "OWNER_MARKER",
+    "check_private_dir",
+    "describe_os_error",
+    "ensure_private_dir",
+    "is_own_private_dir",
+    "pid_alive",
+    "read_owner_pid",
+    "read_private_json",
+    "refused",
+    "write_owner_marker",
+    "write_private_file",
+]
+
+#: The owner marker's file name: JSON ``{"pid", "created", "version"}``.
+OWNER_MARKER = "owner"
+_MARKER_VERSION = 1
+_MARKER_MAX_BYTES = 4096
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: Flags to open a directory for ``dir_fd`` work: never through a symlink, never inherited.
+DIR_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+
+
+def refused(reason: str) -> RefusedError:
+    """The error for a private directory or file that cannot be made or used as required."""
+    return RefusedError(f"execute_code: could not create a private workspace: {reason}")
+
+
+#: The errnos of a full filesystem (blocks, inodes or quota).
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+def describe_os_error(exc: OSError) -> str:
+    """``exc`` for a reader: its message and errno name, plus the fix when the disk is full.
+
+    ``No space left on device (ENOSPC)`` rather than ``[Errno 28] ...``: the errno name is
+    what people search for, and a full disk needs a different fix from a permission problem.
+    """
+    text = exc.strerror or str(exc)
+    name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
+    if name:
+        text = f"{text} ({name})"
+    if exc.errno in DISK_FULL:
+        text += (
+            "; the filesystem of the staging directory (TMPDIR) is full: free space there, "
+            "or set TMPDIR to a directory with room, and try again"
+        )
+    return text
+
+
+def check_private_dir(path: Path) -> None:
+    """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700.
+
+    ``runtime/`` included: jupyter_client would add the sticky bit to the directory of a
+    connection file it writes, so :mod:`lemon_exec.host.kernels.connfile` writes them instead.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        raise refused(f"cannot inspect {path}: {exc.strerror or exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise refused(f"{path} is a symlink")
+    if not stat.S_ISDIR(st.st_mode):
+        raise refused(f"{path} is not a directory")
+    if st.st_uid != os.getuid():
+        raise refused(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode != 0o700:
+        raise refused(f"{path} has mode {mode:04o}, not 0700")
+
+
+def ensure_private_dir(path: Path) -> None:
+    """Create ``path`` (0700) if it is missing; then :func:`check_private_dir` it."""
+    try:
+        os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise refused(f"cannot create {path}: {describe_os_error(exc)}") from None
+    check_private_dir(path)
+
+
+def is_own_private_dir(path: Path) -> bool:
+    """Whether ``path`` (``lstat``, not followed) is a directory of ours, mode exactly 0700."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+    )
+
+
+def write_private_file(directory: Path, name: str, data: bytes | str) -> Path:
+    """Create ``directory/name`` holding ``data``, mode 0600, failing if the name exists.
+
+    ``O_EXCL | O_NOFOLLOW`` means an existing file *or symlink* at the name is an error
+    (``FileExistsError``) rather than something we write through. ``name`` must be a plain
+    file name. Text is written as UTF-8.
+    """
+    if not name or name in (".", "..") or os.sep in name or (os.altsep and os.altsep in name):
+        raise ValueError(f"not a plain file name: {name!r}")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    path = Path(directory) / name
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        mode = stat.S_IMODE(os.fstat(fd).st_mode)
+        if mode & 0o077:  # only a very odd umask could get here, but never leak
+            raise refused(f"{path} was created with mode {mode:04o}")
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(fd, view) :]
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    return path
+
+
+# --- owner markers ------------------------------------------------------------------------------
+
+
+def write_owner_marker(directory: Path) -> None:
+    """Write ``directory``'s owner marker naming this process; ``RefusedError`` if we cannot."""
+    data = {"pid": os.getpid(), "created": time.time(), "version": _MARKER_VERSION}
+    try:
+        write_private_file(directory, OWNER_MARKER, json.dumps(data))
+    except OSError as exc:
+        raise refused(
+            f"cannot write owner marker in {directory}: {describe_os_error(exc)}"
+        ) from None
+
+
+def read_private_json(path: Path, max_bytes: int) -> Any:
+    """The JSON in ``path`` if it is exactly as we write it (ours, 0600, a regular file of at
+    most ``max_bytes``, not behind a link), else None.
+    """
+    try:
+        # O_NONBLOCK: a FIFO planted at the name must not hang the caller in open().
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.getuid()
+            or stat.S_IMODE(st.st_mode) != 0o600
+            or st.st_size > max_bytes
+        ):
+            return None
+        raw = os.read(fd, max_bytes + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def read_owner_pid(directory: Path) -> int | None:
+    """The PID in ``directory``'s owner marker, or None unless it is exactly as we write it."""
+    data = read_private_json(directory / OWNER_MARKER, _MARKER_MAX_BYTES)
+    pid = data.get("pid") if isinstance(data, dict) else None
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return None
+    return pid
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` may still be running; when in doubt, yes (so nothing is touched)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # PermissionError and anything odd: assume alive, touch nothing
+    return True
