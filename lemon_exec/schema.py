@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lemon_exec.config import ExecuteCodeConfig
-from lemon_exec.wire.protocol import first_line, tool_signature
+from lemon_exec.wire.cell_setup import first_line, tool_signature
 
 #: The model-facing signature of each of the five helpers (protocol.HELPER_NAMES).
 _SIGNATURES = {

@@ -17,6 +17,13 @@ from typing import Any, TypeVar
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 
+def text_frame_bytes(n: int, text: str) -> int:
+    """What text block ``n`` costs against max_text_bytes, as the protocol defines it: the
+    bytes of its JSON-encoded frame (docs/comm-protocol.md §6). The bridge's fast path,
+    ``text_budget.text_cost``, must agree."""
+    return len(json.dumps({"n": n, "text": text}).encode("utf-8"))
+
+
 @contextlib.contextmanager
 def configured(ec: ExecuteCode, **values: Any) -> Iterator[None]:
     """Change settings of a shared facade for one test; limits are read afresh per cell."""

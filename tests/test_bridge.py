@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import configured
+from support import configured, text_frame_bytes
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.envelope import parse_envelope
@@ -405,7 +405,7 @@ except ToolError as e:
 def test_text_budget_charged_identically_on_both_sides(
     ec: ExecuteCode, scope: SessionScope, value: str, sent: str
 ) -> None:
-    edge = protocol.text_frame_bytes(1, sent)
+    edge = text_frame_bytes(1, sent)
     script = TEXT_EDGE.replace("VALUE", value)
     with configured(ec, max_text_bytes=edge):
         at_edge = run(ec, scope, script)
@@ -426,7 +426,7 @@ def test_text_over_budget_keeps_earlier_blocks(ec: ExecuteCode, scope: SessionSc
         "text('first')\ntext(12345)\n"
         "try:\n    text('x' * 1000)\nexcept ToolError as e:\n    print('refused:', e)\n"
     )
-    budget = protocol.text_frame_bytes(1, "first") + protocol.text_frame_bytes(2, "12345") + 10
+    budget = text_frame_bytes(1, "first") + text_frame_bytes(2, "12345") + 10
     with configured(ec, max_text_bytes=budget):
         result = run(ec, scope, script)
     assert result.content.startswith(f"{TEXT_HEADER}\nfirst\n12345\n\n{DIAGNOSTICS_HEADER}\n")

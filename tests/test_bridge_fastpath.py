@@ -23,8 +23,8 @@ from jupyter_client.session import Session
 
 from lemon_exec.kernel import cells, hostlink
 from lemon_exec.kernel.app import LocalIOPubThread
+from lemon_exec.wire import json_strings, jupyter_messages, protocol, text_budget
 from lemon_exec.wire import link_framing as linkwire
-from lemon_exec.wire import protocol
 from lemon_exec.wire import zmq_frames as zmqwire
 
 pytestmark = pytest.mark.timeout(30)
@@ -124,7 +124,7 @@ def test_the_reply_reader_delivers_only_signed_replies_for_the_open_cell(short_t
 
         def send(content: dict[str, Any], session: Session = host_session) -> None:
             packed = json.dumps(content).encode()
-            frames = protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed)
+            frames = jupyter_messages.pack_signed(session, protocol.REPLY_MSG_TYPE, packed)
             # In pieces of 7 bytes: the reader must join what the stream splits.
             data = linkwire.pack_head(frames) + b"".join(frames)
             for at in range(0, len(data), 7):
@@ -188,22 +188,22 @@ def test_packed_frames_are_what_jupyter_would_send(text: str) -> None:
     content json.dumps would give: the budgets both sides charge stay byte-exact."""
     session = Session(key=b"k" * 32)
     frame = {"type": "text", "n": 1, "token": "t" * 43, "text": text, "more": True}
-    content = protocol.comm_content("c" * 32, frame)
+    content = jupyter_messages.comm_content("c" * 32, frame)
     parent = session.pack({"msg_id": "p"})
-    wire = protocol.pack_signed(session, "comm_msg", content, parent, b"comm-x")
+    wire = jupyter_messages.pack_signed(session, "comm_msg", content, parent, b"comm-x")
     idents, parts = session.feed_identities(wire)
     assert idents == [b"comm-x"]
     msg = session.deserialize(parts)
     assert msg["msg_type"] == "comm_msg"
     assert msg["parent_header"] == {"msg_id": "p"}
     assert msg["content"] == {"comm_id": "c" * 32, "data": frame}
-    assert protocol.json_string(text) == json.dumps(text)
-    assert protocol.json_string_len(text) == len(json.dumps(text))
+    assert json_strings.json_string_bytes(text) == json.dumps(text).encode()
+    assert json_strings.json_string_len(text) == len(json.dumps(text))
 
 
 def test_a_lone_surrogate_in_call_params_is_refused_before_sending() -> None:
     with pytest.raises(UnicodeEncodeError):
-        protocol.comm_content("c", protocol.call_frame(1, "t", "read", {"path": "a\ud800"}))
+        jupyter_messages.comm_content("c", protocol.call_frame(1, "t", "read", {"path": "a\ud800"}))
 
 
 def test_json_string_and_its_length_match_json_dumps_on_random_text() -> None:
@@ -215,9 +215,8 @@ def test_json_string_and_its_length_match_json_dumps_on_random_text() -> None:
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
         if rng.random() < 0.3:
             text = "y" * rng.randint(0, 5000) + text  # a long plain run before the escapes
-        assert protocol.json_string(text) == json.dumps(text), repr(text)
-        assert protocol.json_string_bytes(text) == json.dumps(text).encode(), repr(text)
-        assert protocol.json_string_len(text) == len(json.dumps(text)), repr(text)
+        assert json_strings.json_string_bytes(text) == json.dumps(text).encode(), repr(text)
+        assert json_strings.json_string_len(text) == len(json.dumps(text)), repr(text)
 
 
 @pytest.mark.parametrize(
@@ -242,15 +241,15 @@ def test_large_text_frames_unpack_as_json_would(text: str, more: bool) -> None:
     frame: dict[str, Any] = {"type": "text", "n": 7, "token": "t" * 43}
     if more:
         frame["more"] = True
-    frame["text"] = protocol.normalize_text(text)
-    wire = protocol.pack_signed(
-        session, "comm_msg", protocol.comm_content("c" * 32, frame), b"{}", b"comm-x"
+    frame["text"] = text_budget.normalize_text(text)
+    wire = jupyter_messages.pack_signed(
+        session, "comm_msg", jupyter_messages.comm_content("c" * 32, frame), b"{}", b"comm-x"
     )
-    content = protocol.unpack_signed(session, wire)["content"]
+    content = jupyter_messages.unpack_signed(session, wire)["content"]
     _, parts = session.feed_identities(wire)
     assert content == session.deserialize(parts)["content"]
     got = content["data"]["text"]
-    assert protocol.json_string_len(got) == len(json.dumps(got))
+    assert json_strings.json_string_len(got) == len(json.dumps(got))
 
 
 @pytest.mark.parametrize(
@@ -276,14 +275,14 @@ def test_large_text_frames_unpack_as_json_would(text: str, more: bool) -> None:
 )
 def test_forged_text_contents_are_parsed_as_json_would(content: bytes) -> None:
     session = Session(key=b"k" * 32)
-    wire = protocol.pack_signed(session, "comm_msg", content, b"{}", b"comm-x")
+    wire = jupyter_messages.pack_signed(session, "comm_msg", content, b"{}", b"comm-x")
     try:
         expected = session.unpack(content)
     except ValueError:
         with pytest.raises(ValueError):
-            protocol.unpack_signed(session, wire)
+            jupyter_messages.unpack_signed(session, wire)
         return
-    assert protocol.unpack_signed(session, wire)["content"] == expected
+    assert jupyter_messages.unpack_signed(session, wire)["content"] == expected
 
 
 def test_zmqwire_sends_and_receives_what_the_multipart_methods_do(

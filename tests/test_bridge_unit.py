@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import text_frame_bytes
 
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.host.cell.host_bridge import (
@@ -326,7 +327,7 @@ def test_close_does_not_hang_on_a_tool_that_ignores_cancellation() -> None:
 def test_text_frames_budget_and_order() -> None:
     async def body() -> None:
         nul = "\0" * 50
-        edge = protocol.text_frame_bytes(1, nul) + protocol.text_frame_bytes(2, "\ufffd")
+        edge = text_frame_bytes(1, nul) + text_frame_bytes(2, "\ufffd")
         h = Harness(
             BridgeLimits(max_calls=5, max_result_bytes=10, max_text_bytes=edge, max_parallel=1)
         )

@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import configured
+from support import configured, text_frame_bytes
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.cell.host_bridge import BridgeLimits, HostBridge
 from lemon_exec.host.run.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.tools import ToolHost, ToolRegistry
-from lemon_exec.wire import protocol
+from lemon_exec.wire import protocol, text_budget
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -191,7 +191,7 @@ def test_large_text_block_is_chunked_and_charged_once(ec: ExecuteCode, scope: Se
     assert result.details["text_blocks"] == 2
     assert blocks_of(result.content) == ["x" * 300_000, "small"]
     assert "refused text() budget exceeded" in result.content
-    charged = protocol.text_frame_bytes(1, "x" * 300_000) + protocol.text_frame_bytes(2, "small")
+    charged = text_frame_bytes(1, "x" * 300_000) + text_frame_bytes(2, "small")
     assert f"kernel_bytes {charged}\n" in result.content
 
 
@@ -257,7 +257,7 @@ def test_host_reassembles_continuation_frames_and_charges_one_block() -> None:
         bridge.handle(_frame(bridge, 1, "d"))
         assert bridge.replies == [{"comm_id": bridge.comm_id, "n": 1, "ok": True}]
         assert bridge.text_blocks == ["ab\0\ufffdcd"]
-        assert bridge.stats.text_bytes == protocol.text_frame_bytes(1, "ab\0\ufffdcd")
+        assert bridge.stats.text_bytes == text_frame_bytes(1, "ab\0\ufffdcd")
         bridge.handle(_frame(bridge, 2, "next"))
         assert bridge.text_blocks[-1] == "next"
 
@@ -298,9 +298,9 @@ def test_host_ignores_malformed_continuation_flags() -> None:
 def test_kernel_chunks_fit_the_frame_cap_and_cost_adds_up() -> None:
     text = ('a\0\U0001f600"\\\n\u00e9' * 60_000) + "tail"
     token = "t" * protocol.TOKEN_LENGTH
-    frames = list(protocol.text_frames(7, token, text))
+    frames = list(text_budget.text_frames(7, token, text))
     assert len(frames) > 1
-    assert all(protocol.frame_size(f) <= protocol.FRAME_CAP_BYTES for f in frames)
+    assert all(text_budget.frame_size(f) <= protocol.FRAME_CAP_BYTES for f in frames)
     assert all(f.get("more") is True for f in frames[:-1]) and "more" not in frames[-1]
     assert "".join(f["text"] for f in frames) == text
-    assert protocol.text_cost(7, len(json.dumps(text))) == protocol.text_frame_bytes(7, text)
+    assert text_budget.text_cost(7, len(json.dumps(text))) == text_frame_bytes(7, text)

@@ -1,11 +1,11 @@
-"""protocol.unpack_signed: the bridge's hot-path decoder must verify exactly like Session."""
+"""jupyter_messages.unpack_signed: the hot-path decoder must verify exactly like Session."""
 
 from __future__ import annotations
 
 import pytest
 from jupyter_client.session import Session
 
-from lemon_exec.wire import protocol
+from lemon_exec.wire import jupyter_messages, protocol
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -17,7 +17,9 @@ def _wire(session: Session, content: dict) -> list[bytes]:
 
 def test_decodes_what_session_serializes() -> None:
     session = Session(key=b"secret")
-    msg = protocol.unpack_signed(session, _wire(session, {"comm_id": "c", "id": 1, "ok": True}))
+    msg = jupyter_messages.unpack_signed(
+        session, _wire(session, {"comm_id": "c", "id": 1, "ok": True})
+    )
     assert msg["msg_type"] == protocol.REPLY_MSG_TYPE
     assert msg["content"] == {"comm_id": "c", "id": 1, "ok": True}
     assert msg["parent_header"] == {}
@@ -30,21 +32,21 @@ def test_any_tampered_part_is_refused(part: int) -> None:
     delim = frames.index(b"<IDS|MSG>")
     frames[delim + 1 + part] = frames[delim + 1 + part].replace(b"}", b" }", 1)
     with pytest.raises(ValueError, match="signature"):
-        protocol.unpack_signed(session, frames)
+        jupyter_messages.unpack_signed(session, frames)
 
 
 def test_wrong_key_and_unsigned_messages_are_refused() -> None:
     sender, receiver = Session(key=b"other"), Session(key=b"secret")
     with pytest.raises(ValueError, match="signature"):
-        protocol.unpack_signed(receiver, _wire(sender, {"ok": True}))
+        jupyter_messages.unpack_signed(receiver, _wire(sender, {"ok": True}))
     frames = _wire(receiver, {"ok": True})
     frames[frames.index(b"<IDS|MSG>") + 1] = b""
     with pytest.raises(ValueError, match="signature"):
-        protocol.unpack_signed(receiver, frames)
+        jupyter_messages.unpack_signed(receiver, frames)
 
 
 def test_truncated_messages_are_refused() -> None:
     session = Session(key=b"secret")
     frames = _wire(session, {"ok": True})
     with pytest.raises(ValueError):
-        protocol.unpack_signed(session, frames[:4])
+        jupyter_messages.unpack_signed(session, frames[:4])

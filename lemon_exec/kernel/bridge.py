@@ -21,7 +21,7 @@ from typing import Any
 
 from jupyter_client.session import extract_header
 
-from lemon_exec.wire import protocol
+from lemon_exec.wire import json_strings, jupyter_messages, protocol, text_budget
 
 
 class ToolError(Exception):
@@ -178,14 +178,14 @@ class CellBridge:
         from any thread reach the host in the order of their numbers and a large block's
         continuation frames are never interleaved with another block's.
         """
-        text = protocol.normalize_text(value)
-        encoded = protocol.json_string_bytes(text)  # once: the cost, frame sizes and the frame
+        text = text_budget.normalize_text(value)
+        encoded = json_strings.json_string_bytes(text)  # once: the cost, frame sizes and the frame
         encoded_len = len(encoded)
         with self._text_lock:
             with self._lock:
                 self._check_open()
                 n = self._text_n + 1
-                cost = protocol.text_cost(n, encoded_len)
+                cost = text_budget.text_cost(n, encoded_len)
                 if self._text_bytes + cost > self._max_text_bytes:
                     raise ToolError(
                         protocol.KERNEL_TEXT_BUDGET.format(
@@ -202,7 +202,7 @@ class CellBridge:
             sent = 0
             try:
                 self._flush_output()
-                frames = protocol.text_frames(n, self._token, text, encoded_len)
+                frames = text_budget.text_frames(n, self._token, text, encoded_len)
                 for frame in frames:
                     self._send_unchecked(frame, encoded if len(frames) == 1 else None)
                     sent += 1
@@ -224,7 +224,9 @@ class CellBridge:
 
     def notify(self, message: object) -> None:
         """Send a progress message; fire-and-forget, capped per message and per run."""
-        msg = protocol.truncate_utf8(protocol.normalize_text(message), protocol.NOTIFY_MAX_BYTES)
+        msg = text_budget.truncate_utf8(
+            text_budget.normalize_text(message), protocol.NOTIFY_MAX_BYTES
+        )
         with self._lock:
             if self._closed or self._notify_n >= protocol.NOTIFY_MAX_COUNT:
                 return  # beyond the cap notify() is silently dropped, as specified
@@ -303,13 +305,13 @@ class CellBridge:
             )
         self._check_open()
         try:
-            content = protocol.comm_content(self.comm_id, frame, encoded_text)
+            content = jupyter_messages.comm_content(self.comm_id, frame, encoded_text)
         except UnicodeEncodeError:
             # A lone surrogate in helper arguments cannot be serialised; nothing was sent.
             raise ToolError(protocol.BAD_UNICODE) from None
         with self._lock:
             self._check_open()
-            frames = protocol.pack_signed(
+            frames = jupyter_messages.pack_signed(
                 self._session, "comm_msg", content, self._parent_bytes, self._topic
             )
             if self._send_direct is None or not self._send_direct(frames):
@@ -357,6 +359,6 @@ def _call_result(tool: str, reply: dict[str, Any]) -> str:
 
 
 def _check_frame_size(frame: dict[str, Any]) -> None:
-    size = protocol.frame_size(frame)
+    size = text_budget.frame_size(frame)
     if size > protocol.FRAME_CAP_BYTES:
         raise ToolError(protocol.FRAME_TOO_LARGE.format(size=size, cap=protocol.FRAME_CAP_BYTES))

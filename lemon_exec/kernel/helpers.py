@@ -19,7 +19,8 @@ from typing import Any
 from lemon_exec.kernel import cells
 from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
-from lemon_exec.wire.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD, normalize_text
+from lemon_exec.wire.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD
+from lemon_exec.wire.text_budget import normalize_text
 
 #: batch() never has more calls than this in flight; the host runs max_parallel_rpc at once.
 BATCH_MAX_IN_FLIGHT = 16

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lemon_exec.kernel import cells
-from lemon_exec.wire import protocol
+from lemon_exec.wire import jupyter_messages, protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 from lemon_exec.wire.link_framing import FrameReader, LinkFramingError, pack_head
 
@@ -193,7 +193,7 @@ def _send_all(sock: socket.socket, parts: list[Any]) -> None:
 def deliver_reply(session: Any, raw: list[Any]) -> None:
     """Verify one reply message and hand it to the open cell's bridge (else drop it)."""
     try:
-        msg = protocol.unpack_signed(session, raw)
+        msg = jupyter_messages.unpack_signed(session, raw)
     except Exception:  # bad signature or malformed: dropped, like ipykernel does
         log.error("invalid lemon bridge reply", exc_info=True)
         return

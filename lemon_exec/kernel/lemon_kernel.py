@@ -25,7 +25,7 @@ from traitlets import Float, Type, default
 from lemon_exec.kernel import cells, helpers, prebuilt, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.streams import BoundedOutStream, ChunkedStream
-from lemon_exec.wire import protocol
+from lemon_exec.wire import cell_setup, jupyter_messages, protocol, script_outcome
 
 #: What a person attached to a managed kernel reads when they type ``exit`` or ``quit``.
 MANAGED_EXIT_NOTE = (
@@ -190,7 +190,7 @@ class LemonKernel(IPythonKernel):
 
     def _handle_bridge_reply(self, raw: list[Any]) -> None:
         try:
-            msg = protocol.unpack_signed(self.session, raw)
+            msg = jupyter_messages.unpack_signed(self.session, raw)
         except Exception:  # bad signature or malformed: dropped, like ipykernel does
             self.log.error("invalid lemon bridge reply", exc_info=True)
             return
@@ -234,10 +234,12 @@ class LemonKernel(IPythonKernel):
             self._set_running("idle")
 
     async def _run_lemon_cell(self, code: str, meta: dict[str, Any]) -> dict[str, Any]:
-        setup = protocol.parse_cell_setup(meta)
+        setup = cell_setup.parse_cell_setup(meta)
         if isinstance(setup, str):
-            outcome = protocol.ScriptOutcome("protocol_error", 1, protocol.VERSION_ENAME, setup)
-            return protocol.script_reply(outcome, self.execution_count)
+            outcome = script_outcome.ScriptOutcome(
+                "protocol_error", 1, protocol.VERSION_ENAME, setup
+            )
+            return script_outcome.script_reply(outcome, self.execution_count)
         if setup.cwd:
             os.chdir(setup.cwd)
         if setup.env:
@@ -247,8 +249,10 @@ class LemonKernel(IPythonKernel):
         try:
             helpers.install(namespace, setup.helpers, setup.tools_digest, setup.tools)
         except helpers.ToolSetupError as exc:
-            outcome = protocol.ScriptOutcome("protocol_error", 1, protocol.VERSION_ENAME, str(exc))
-            return protocol.script_reply(outcome, self.execution_count)
+            outcome = script_outcome.ScriptOutcome(
+                "protocol_error", 1, protocol.VERSION_ENAME, str(exc)
+            )
+            return script_outcome.script_reply(outcome, self.execution_count)
         bridge = CellBridge(
             # The kernel's own Session: the bridge's frames take their ids from the same
             # counter as the kernel's messages (and a forked child fails fast in the bridge).
@@ -287,7 +291,7 @@ class LemonKernel(IPythonKernel):
                 kernel_out.end_cell()
         # Output that threads and children of ended cells wrote meanwhile: dropped, counted.
         outcome = dataclasses.replace(outcome, late_output_bytes=cells.take_late_bytes())
-        return protocol.script_reply(outcome, self.execution_count)
+        return script_outcome.script_reply(outcome, self.execution_count)
 
 
 class _SysWithoutModules:

@@ -15,7 +15,7 @@ import keyword
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from lemon_exec.wire.protocol import first_line
+from lemon_exec.wire.cell_setup import first_line
 
 #: ``caller(registered_name, params) -> str``: sends one helper call to the host.
 Caller = Callable[[str, dict[str, Any]], str]

@@ -23,7 +23,7 @@ import time
 import traceback
 from typing import Any
 
-from lemon_exec.wire.protocol import ScriptOutcome
+from lemon_exec.wire.script_outcome import ScriptOutcome
 
 #: The script files this kernel has run; traceback frames from these are the script's own.
 _SCRIPT_FILES: set[str] = set()

@@ -24,7 +24,7 @@ from typing import Any
 from ipykernel.iostream import OutStream
 
 from lemon_exec.kernel import cells
-from lemon_exec.wire.protocol import normalize_text
+from lemon_exec.wire.text_budget import normalize_text
 
 #: Fixed by the spec: output travels in chunks of at most 64 KiB.
 STREAM_CHUNK_CHARS = 64 * 1024

@@ -31,7 +31,7 @@ from lemon_exec.host.kernels.backend import KernelHandle
 from lemon_exec.scope import AbortSignal  # public: defined where callers import it
 from lemon_exec.tools import ToolHost
 from lemon_exec.tools._toolset import ToolSet
-from lemon_exec.wire import protocol
+from lemon_exec.wire import cell_setup, script_outcome
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,8 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
         on_notify=request.on_update,
     )
     sink = _CellSink(capture, bridge, request.on_output)
-    metadata = protocol.cell_metadata(
-        protocol.CellSetup(
+    metadata = cell_setup.cell_metadata(
+        cell_setup.CellSetup(
             token=bridge.token,
             comm_id=bridge.comm_id,
             helpers=request.helpers,
@@ -292,7 +292,7 @@ async def _interrupt(kernel: KernelHandle, sink: _CellSink) -> None:
 
 
 def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
-    outcome = protocol.parse_script_reply(reply)
+    outcome = script_outcome.parse_script_reply(reply)
     result.end = _REPLY_ENDS.get(outcome.kind, "exception")
     result.exit_code = outcome.exit_code
     result.ename, result.evalue = outcome.ename, outcome.evalue

@@ -24,7 +24,7 @@ from lemon_exec._constants import GRACE_S
 from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.tools import ToolCall, ToolHost
-from lemon_exec.wire import protocol
+from lemon_exec.wire import json_strings, protocol, text_budget
 from lemon_exec.wire.frame_fields import bad_fields, positive_int
 
 log = logging.getLogger(__name__)
@@ -157,7 +157,7 @@ class HostBridge:
             self.stats.denied += 1
             self._reply_error(call_id, protocol.AUTH_FAILED)
             return
-        if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
+        if text_budget.frame_size(data) > protocol.FRAME_CAP_BYTES:
             self._reply_error(call_id, protocol.TOO_LARGE)
             return
         if not positive_int(call_id):
@@ -277,10 +277,10 @@ class HostBridge:
         n = data["n"]
         text: str = data["text"]
         more: bool = data.get("more", False)
-        text = protocol.normalize_text(text)
+        text = text_budget.normalize_text(text)
         # Normalising never changes the encoded length (\udXXX and \ufffd are both 6 bytes).
-        encoded_len = protocol.json_string_len(text)
-        if protocol.frame_size_with_text(data, encoded_len) > protocol.FRAME_CAP_BYTES:
+        encoded_len = json_strings.json_string_len(text)
+        if text_budget.frame_size_with_text(data, encoded_len) > protocol.FRAME_CAP_BYTES:
             self._reply(protocol.text_reply(n, protocol.TOO_LARGE))
             return
         partial = self._partial
@@ -295,14 +295,14 @@ class HostBridge:
                 self._reply(protocol.text_reply(n, error))
                 return
         if partial is None and not more:  # the common case: a block in one frame
-            self._accept_block(n, text, protocol.text_cost(n, encoded_len))
+            self._accept_block(n, text, text_budget.text_cost(n, encoded_len))
             return
         if partial is None:
             partial = self._partial = _PartialBlock(n)
         if partial.error is None:
             partial.pieces.append(text)
             partial.encoded += encoded_len - 2  # without the piece's quotes
-            if protocol.text_cost(n, partial.encoded + 2) > self._text_remaining():
+            if text_budget.text_cost(n, partial.encoded + 2) > self._text_remaining():
                 partial.error = self._text_budget_error()
                 partial.pieces.clear()  # keep consuming the block's frames, not its text
         if more:
@@ -311,7 +311,9 @@ class HostBridge:
         if partial.error is not None:
             self._end_block(n, partial.error)
             return
-        self._accept_block(n, "".join(partial.pieces), protocol.text_cost(n, partial.encoded + 2))
+        self._accept_block(
+            n, "".join(partial.pieces), text_budget.text_cost(n, partial.encoded + 2)
+        )
 
     def _accept_block(self, n: int, text: str, cost: int) -> None:
         """Charge and keep block ``n`` (or refuse it over budget); either way it is used up."""
@@ -339,7 +341,7 @@ class HostBridge:
     def _handle_notify(self, data: dict[str, Any]) -> None:
         if not self._authentic(data) or bad_fields(protocol.NOTIFY, data):
             return  # fire-and-forget: forged or malformed notifications are dropped
-        if protocol.frame_size(data) > protocol.FRAME_CAP_BYTES:
+        if text_budget.frame_size(data) > protocol.FRAME_CAP_BYTES:
             return  # the kernel never sends one this large: malformed, not counted
         if data["n"] in self._notify_seen:
             return  # a number already delivered: a replay, dropped
@@ -352,8 +354,8 @@ class HostBridge:
             return
         self.stats.notifications += 1
         if self._on_notify is not None:
-            message = protocol.truncate_utf8(
-                protocol.normalize_text(msg), protocol.NOTIFY_MAX_BYTES
+            message = text_budget.truncate_utf8(
+                text_budget.normalize_text(msg), protocol.NOTIFY_MAX_BYTES
             )
             try:
                 # The spec's partial update, built once here so every consumer (the facade's

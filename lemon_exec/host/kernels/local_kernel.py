@@ -49,7 +49,7 @@ from lemon_exec.host.kernels.link_end import LinkEnd
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.proc.tree_removal import remove_tree
 from lemon_exec.template.client import ForkedProcess
-from lemon_exec.wire import protocol
+from lemon_exec.wire import jupyter_messages, protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 from lemon_exec.wire.zmq_frames import NOBLOCK, recv_frames
 
@@ -381,7 +381,7 @@ class ManagedKernel:
         session = self._kc.session
         if self._link.connected:
             packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
-            self._link.send(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
+            self._link.send(jupyter_messages.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
             return
         self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
 
@@ -424,7 +424,7 @@ class ManagedKernel:
     async def _read(
         self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
     ) -> None:
-        # Reads the channel's socket directly and decodes with protocol.unpack_signed: every
+        # Reads the channel's socket directly and decodes with jupyter_messages.unpack_signed: every
         # stream chunk and bridge frame passes here, and Session.deserialize's date parsing
         # was a measurable part of a helper's round trip.
         # Messages are taken with non-blocking receives on a plain view of the socket while
@@ -472,7 +472,7 @@ class ManagedKernel:
             self._dropped(name, _drop_note(size))
             return
         try:
-            msg = protocol.unpack_signed(session, frames)
+            msg = jupyter_messages.unpack_signed(session, frames)
         except Exception as exc:  # badly signed or malformed: a protocol fault
             self._faulted(name, _fault_reason(exc))
             return
@@ -594,7 +594,7 @@ def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
 
 
 def _fault_reason(exc: Exception) -> str:
-    """What was wrong with a message :func:`protocol.unpack_signed` refused."""
+    """What was wrong with a message :func:`jupyter_messages.unpack_signed` refused."""
     if "signature" in str(exc):  # unpack_signed's "invalid message signature"
         return "a message from the kernel failed its signature check"
     return "a message from the kernel was malformed"

@@ -22,7 +22,7 @@ from lemon_exec.host.run.results import refusal
 from lemon_exec.interpreter import fallback_note
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
-from lemon_exec.wire.protocol import normalize_text
+from lemon_exec.wire.text_budget import normalize_text
 
 DISABLED = (
     "execute_code is disabled. Enable it with `enabled = true` under "
