@@ -22,7 +22,6 @@ refusal texts short.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -121,7 +120,7 @@ async def _control_request(km: Any, msg_type: str) -> dict[str, Any] | None:
         while (remaining := deadline - time.monotonic()) > 0:
             try:
                 reply = await ensure_async(kc.control_channel.get_msg(timeout=remaining))
-            except (asyncio.TimeoutError, TimeoutError, Exception):  # queue.Empty on timeout
+            except Exception:  # queue.Empty or TimeoutError on timeout, whichever client
                 return None
             if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
                 return dict(reply)

@@ -48,7 +48,9 @@ def _marked_processes(marker: str) -> dict[int, tuple[list[bytes], int]]:
         proc = Path("/proc", entry)
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if not any(arg.startswith((b"lemon_exec.kernel", b"lemon_exec.template")) for arg in argv):
+            if not any(
+                arg.startswith((b"lemon_exec.kernel", b"lemon_exec.template")) for arg in argv
+            ):
                 continue
             if needle not in (proc / "environ").read_bytes().split(b"\0"):
                 continue

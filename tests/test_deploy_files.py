@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import tomllib
 from pathlib import Path
 
-import tomllib
 import yaml  # type: ignore[import-untyped]  # no stubs installed; the test only reads dicts
 
 import lemon_exec

@@ -222,7 +222,7 @@ class ForkServer:
     async def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
         try:
             ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return ready and self.alive
 

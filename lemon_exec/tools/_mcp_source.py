@@ -155,7 +155,7 @@ class McpSource:
             )
             try:
                 await asyncio.wait_for(asyncio.shield(ready), CONNECT_TIMEOUT_S)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 await self._disconnect()
                 raise ToolFailure(
                     f"MCP server {self.config.name!r} did not answer within "

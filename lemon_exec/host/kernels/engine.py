@@ -141,7 +141,7 @@ class Engine:
             ok = True
         except InterpreterError:
             raise
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             # The launch (or a fork request) outlived the startup timeout, typically on an
             # overloaded host: a start failure, never a bare TimeoutError.
             raise StartTimeout(
