@@ -51,8 +51,8 @@ def remember_plain(text: str) -> None:
 def json_string_bytes(text: str) -> bytes:
     """``json.dumps(text).encode("ascii")``: a text's JSON string as the frame carries it.
 
-    Plain ASCII text is copied once, into its quotes (the kernel's text() path: the encoded
-    string was copied twice more on its way into the frame).
+    Plain ASCII text is copied once, into its quotes: the kernel's text() path splices
+    this result into the frame as it is (``jupyter_messages.comm_content``).
     """
     if text.isascii():
         raw = text.encode("ascii")

@@ -112,8 +112,8 @@ _FAST_TEXT_MIN_BYTES = 4096
 def _unpack_content(wire: _Wire, raw: bytes) -> Any:
     """``session.unpack(raw)``; a large text frame of plain ASCII without ``json.loads``.
 
-    A text block is most of what the bridge carries and parsing it was a third of the host's
-    work per block. A content of exactly the kernel's layout whose text needs no escaping
+    A text block is most of what the bridge carries, and ``json.loads`` would be a third of
+    the host's work per block. A content of exactly the kernel's layout whose text needs no escaping
     (ASCII without quotes, backslashes, control characters or DEL: the escape scan the
     budget needs anyway) decodes to what ``json.loads`` would give, so it is built directly,
     and its text is remembered as plain (``json_string_len`` need not scan it again).
