@@ -61,7 +61,7 @@ _TYPE_NAMES = {
 
 
 def _type_name(trait: Any) -> str:
-    # The nearest traitlets class with a name: config.py subclasses some (e.g. a lenient Bool).
+    # The nearest traitlets class with a name: lemon_exec.config subclasses them (BoolSetting, ...).
     for cls in type(trait).__mro__:
         if cls.__name__ in _TYPE_NAMES:
             return _TYPE_NAMES[cls.__name__]
