@@ -273,7 +273,9 @@ class _Collector:
             base = f"{package}.{base}" if base else package
         for alias in node.names:
             submodule = f"{base}.{alias.name}"
-            if submodule in self.known:
+            if base == PACKAGE and alias.name == "*":
+                yield from sorted(set(self.public.values()))
+            elif submodule in self.known:
                 yield submodule
             elif base == PACKAGE and alias.name in self.public:
                 yield self.public[alias.name]
@@ -440,6 +442,9 @@ def test_every_module_is_on_a_floor_and_the_floors_are_consistent() -> None:
         assert not unknown, f"floor {floor.name!r} names unknown floors {sorted(unknown)}"
     for module in _modules():
         floor_of(module)
+    _, imports = collect()
+    for allowed in ALLOWED:  # an exception nothing needs any more goes
+        assert any(i.importer == allowed.importer and i.kind == allowed.kind for i in imports)
 
 
 # --- the checker itself, on small made-up modules ----------------------------------------------
@@ -472,6 +477,7 @@ def test_the_checker_sees_lazy_type_checking_relative_and_dynamic_imports() -> N
         "    import lemon_exec\n"
         "    return lemon_exec.__file__, lemon_exec.ExecuteCode\n"
         "from lemon_exec import ExecuteCode\n"
+        "from lemon_exec import *\n"
     )
     assert [(i.line, i.target, i.kind) for i in found] == [
         (3, "lemon_exec.wire.protocol", "top"),
@@ -482,9 +488,10 @@ def test_the_checker_sees_lazy_type_checking_relative_and_dynamic_imports() -> N
         (10, "lemon_exec", "lazy"),
         (11, "lemon_exec.facade", "lazy"),
         (12, "lemon_exec.facade", "top"),
+        (13, "lemon_exec.facade", "top"),
     ]
     problems = layer_violations(found)
-    assert len(problems) == 6  # all but the ground import and the bare package
+    assert len(problems) == 7  # all but the ground import and the bare package
     assert problems[0].startswith("lemon_exec/kernel/example.py:5: `from lemon_exec.host.disk")
     assert "floor 'kernel' may import only kernel, package, ground;" in problems[0]
     assert "on floor 'host.disk'" in problems[0]
