@@ -29,125 +29,55 @@ class Floor:
     job: str
 
 
-_GROUND = ("package", "ground")
-_HOST_BASE = (*_GROUND, "template", "services")
+def floor(name: str, modules: str, may_import: str, job: str) -> Floor:
+    """``modules``: names under lemon_exec (``.`` is the package itself); ``may_import``:
+    the floors this one stands on (it may always import itself)."""
+    dotted = tuple(PACKAGE if m == "." else f"{PACKAGE}.{m}" for m in modules.split())
+    return Floor(name, dotted, tuple(may_import.split()), job)
 
-#: The floors, bottom up. A module is on the floor whose entry matches it most closely.
+
+_BASE = "package ground"
+_HOST_BASE = f"{_BASE} template services"
+_HOST_CELL = "host.disk host.kernels host.cell"  # what stands under percall and sessions
+_HOST_BELOW_RUN = f"{_HOST_CELL} host.percall host.sessions"
+
+#: The floors, bottom up (docs/architecture.md draws them). A module is on the floor that
+#: names it or its closest folder.
 FLOORS = (
-    Floor(
-        "package",
-        ("lemon_exec",),
-        (),
-        "lemon_exec/__init__.py: the public names, loaded lazily; it imports nothing at run "
-        "time, so any floor may import it (``from lemon_exec import Name`` counts as an import "
-        "of the module that defines Name)",
-    ),
-    Floor(
+    # lemon_exec/__init__.py imports nothing at run time, so any floor may import it;
+    # ``from lemon_exec import Name`` counts as an import of the module that defines Name.
+    floor("package", ".", "", "the public names, loaded lazily"),
+    floor(
         "ground",
-        (
-            "lemon_exec._constants",
-            "lemon_exec.errors",
-            "lemon_exec.details",
-            "lemon_exec.envelope",
-            "lemon_exec.result",
-            "lemon_exec.scope",
-            "lemon_exec.interpreter",
-            "lemon_exec.wire",
-            "lemon_exec.proc",
-        ),
-        ("package",),
-        "what both sides share: the wire protocol and framing, process and private-disk "
-        "primitives, errors and result shapes (standard library only)",
+        "_constants errors details envelope result scope interpreter wire proc",
+        "package",
+        "what both sides share: the protocol, process and private-disk primitives, errors",
     ),
-    Floor(
-        "kernel",
-        ("lemon_exec.kernel",),
-        _GROUND,
-        "the lemon-python kernel; runs under another interpreter, so never the host side",
-    ),
-    Floor(
-        "template",
-        ("lemon_exec.template",),
-        (*_GROUND, "kernel"),
-        "the fork-server template (it preloads the kernel) and its host-side client",
-    ),
-    Floor(
-        "services",
-        ("lemon_exec.tools", "lemon_exec.config", "lemon_exec.telemetry", "lemon_exec.schema"),
-        _GROUND,
-        "the helpers' host side, the settings, telemetry and the tool schema",
-    ),
-    Floor("host", ("lemon_exec.host",), (), "host/__init__.py: the folder's docstring only"),
-    Floor(
-        "host.disk",
-        ("lemon_exec.host.disk",),
-        _HOST_BASE,
-        "staging, runtime directories, stale roots, the spill reaper, the kernel index",
-    ),
-    Floor(
-        "host.kernels",
-        ("lemon_exec.host.kernels",),
-        (*_HOST_BASE, "host.disk"),
-        "the kernel backend seam: local (launch, link, sandbox, limits) and gateway",
-    ),
-    Floor(
-        "host.cell",
-        ("lemon_exec.host.cell",),
-        (*_HOST_BASE, "host.disk", "host.kernels"),
-        "one cell: execute, its output and its bridge",
-    ),
-    Floor(
-        "host.percall",
-        ("lemon_exec.host.percall",),
-        (*_HOST_BASE, "host.disk", "host.kernels", "host.cell"),
-        "per-call admission and the spare pool",
-    ),
-    Floor(
-        "host.sessions",
-        ("lemon_exec.host.sessions",),
-        (*_HOST_BASE, "host.disk", "host.kernels", "host.cell"),
-        "sessions: registry, queue, owners",
-    ),
-    Floor(
+    floor("kernel", "kernel", _BASE, "the lemon-python kernel: never the host side"),
+    floor("template", "template", f"{_BASE} kernel", "the fork server and its host client"),
+    floor("services", "tools config telemetry schema", _BASE, "helpers, settings, telemetry"),
+    floor("host", "host", "", "host/__init__.py: the folder's docstring only"),
+    floor("host.disk", "host.disk", _HOST_BASE, "staging, runtime dirs, reaper, index"),
+    floor("host.kernels", "host.kernels", f"{_HOST_BASE} host.disk", "the backend seam"),
+    floor("host.cell", "host.cell", f"{_HOST_BASE} host.disk host.kernels", "one cell"),
+    floor("host.percall", "host.percall", f"{_HOST_BASE} {_HOST_CELL}", "admission, spares"),
+    floor("host.sessions", "host.sessions", f"{_HOST_BASE} {_HOST_CELL}", "sessions, queues"),
+    floor(
         "host.run",
-        ("lemon_exec.host.run",),
-        (*_HOST_BASE, "host.disk", "host.kernels", "host.cell", "host.percall", "host.sessions"),
+        "host.run",
+        f"{_HOST_BASE} {_HOST_BELOW_RUN}",
         "the run router both entry points call, call validation, results",
     ),
-    Floor(
+    floor(
         "entry",
-        ("lemon_exec.facade", "lemon_exec.session", "lemon_exec.shell"),
-        (
-            *_HOST_BASE,
-            "host.disk",
-            "host.kernels",
-            "host.cell",
-            "host.percall",
-            "host.sessions",
-            "host.run",
-        ),
+        "facade session shell",
+        f"{_HOST_BASE} {_HOST_BELOW_RUN} host.run",
         "the public ways in: ExecuteCode, SessionOwner, the shell tool",
     ),
-    Floor(
+    floor(
         "front",
-        (
-            "lemon_exec.mcp",
-            "lemon_exec.notebooks",
-            "lemon_exec.viewer",
-            "lemon_exec.cli",
-            "lemon_exec.__main__",
-        ),
-        (
-            *_HOST_BASE,
-            "kernel",
-            "host.disk",
-            "host.kernels",
-            "host.cell",
-            "host.percall",
-            "host.sessions",
-            "host.run",
-            "entry",
-        ),
+        "mcp notebooks viewer cli __main__",
+        f"{_HOST_BASE} kernel {_HOST_BELOW_RUN} host.run entry",
         "what users run: the MCP server, notebooks, the Jupyter Server viewer, the CLI",
     ),
 )
