@@ -1,107 +1,81 @@
 """lemon_exec: a fast, well-behaved execute_code tool for AI agent runtimes, on Jupyter kernels.
 
-The public surface is ``__all__``. Names load lazily: the kernel process imports
-``lemon_exec.kernel`` under possibly another interpreter, and must not pull in the host side
-(jupyter_client, traitlets) just because this package's ``__init__`` ran.
+The public names are the ``TYPE_CHECKING`` imports below, the one list of them: type checkers
+and IDEs read it as it stands, and at run time ``__all__`` and each name's module are read from
+it (this file's own source, with :mod:`ast`) the first time a name is asked for. Names load
+lazily: the kernel process imports ``lemon_exec.kernel`` under possibly another interpreter,
+and must not pull in the host side (jupyter_client, traitlets) just because this package's
+``__init__`` ran.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
-    "ExecuteCode": "lemon_exec.facade",
-    "ExecuteCodeConfig": "lemon_exec.config",
-    "ExecuteCodeResult": "lemon_exec.result",
-    "SessionScope": "lemon_exec.scope",
-    "SessionOwner": "lemon_exec.session",
-    "AbortSignal": "lemon_exec.scope",
-    "ScriptSource": "lemon_exec.scope",
-    "Telemetry": "lemon_exec.telemetry",
-    "ToolCall": "lemon_exec.tools",
-    "ToolRegistry": "lemon_exec.tools",
-    "ToolHost": "lemon_exec.tools",
-    "PolicyDecision": "lemon_exec.tools",
-    "ApprovalOutcome": "lemon_exec.tools",
-    "default_registry": "lemon_exec.tools",
-    "LemonExecError": "lemon_exec.errors",
-    "ConfigError": "lemon_exec.errors",
-    "RefusedError": "lemon_exec.errors",
-    "KernelError": "lemon_exec.errors",
-    "KernelStartError": "lemon_exec.errors",
-    "InterpreterError": "lemon_exec.errors",
-    "SessionBusyError": "lemon_exec.errors",
-    "ToolFailure": "lemon_exec.errors",
-    "ToolDenied": "lemon_exec.errors",
-}
+if TYPE_CHECKING:  # the public names (``from module import Name as Name``: re-exported)
+    from lemon_exec.config import ExecuteCodeConfig as ExecuteCodeConfig
+    from lemon_exec.errors import ConfigError as ConfigError
+    from lemon_exec.errors import InterpreterError as InterpreterError
+    from lemon_exec.errors import KernelError as KernelError
+    from lemon_exec.errors import KernelStartError as KernelStartError
+    from lemon_exec.errors import LemonExecError as LemonExecError
+    from lemon_exec.errors import RefusedError as RefusedError
+    from lemon_exec.errors import SessionBusyError as SessionBusyError
+    from lemon_exec.errors import ToolDenied as ToolDenied
+    from lemon_exec.errors import ToolFailure as ToolFailure
+    from lemon_exec.facade import ExecuteCode as ExecuteCode
+    from lemon_exec.result import ExecuteCodeResult as ExecuteCodeResult
+    from lemon_exec.scope import AbortSignal as AbortSignal
+    from lemon_exec.scope import ScriptSource as ScriptSource
+    from lemon_exec.scope import SessionScope as SessionScope
+    from lemon_exec.session import SessionOwner as SessionOwner
+    from lemon_exec.telemetry import Telemetry as Telemetry
+    from lemon_exec.tools import ApprovalOutcome as ApprovalOutcome
+    from lemon_exec.tools import PolicyDecision as PolicyDecision
+    from lemon_exec.tools import ToolCall as ToolCall
+    from lemon_exec.tools import ToolHost as ToolHost
+    from lemon_exec.tools import ToolRegistry as ToolRegistry
+    from lemon_exec.tools import default_registry as default_registry
 
-__all__ = [
-    "AbortSignal",
-    "ApprovalOutcome",
-    "ConfigError",
-    "ExecuteCode",
-    "ExecuteCodeConfig",
-    "ExecuteCodeResult",
-    "InterpreterError",
-    "KernelError",
-    "KernelStartError",
-    "LemonExecError",
-    "PolicyDecision",
-    "RefusedError",
-    "ScriptSource",
-    "SessionBusyError",
-    "SessionOwner",
-    "SessionScope",
-    "Telemetry",
-    "ToolCall",
-    "ToolDenied",
-    "ToolFailure",
-    "ToolHost",
-    "ToolRegistry",
-    "__version__",
-    "default_registry",
-]
+_exports: dict[str, str] | None = None  # public name -> its module, read from the block above
+
+
+def _public_names() -> dict[str, str]:
+    global _exports
+    if _exports is None:
+        import ast
+
+        with open(__file__, encoding="utf-8") as source:
+            tree = ast.parse(source.read(), __file__)
+        names = {
+            alias.asname or alias.name: line.module
+            for node in tree.body
+            if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+            for line in node.body
+            if isinstance(line, ast.ImportFrom) and line.module
+            for alias in line.names
+        }
+        if not names:
+            raise RuntimeError(f"{__file__} has no TYPE_CHECKING block of public names")
+        _exports = names  # one assignment: a thread that reads it sees all of it or nothing
+    return _exports
 
 
 def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'lemon_exec' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
+    if name == "__all__":
+        value: Any = sorted([*_public_names(), "__version__"])
+    else:
+        module = _public_names().get(name)
+        if module is None:
+            raise AttributeError(f"module 'lemon_exec' has no attribute {name!r}")
+        from importlib import import_module
+
+        value = getattr(import_module(module), name)
     globals()[name] = value  # cache: __getattr__ runs once per name
     return value
 
 
 def __dir__() -> list[str]:
-    return __all__
-
-
-if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from lemon_exec.config import ExecuteCodeConfig
-    from lemon_exec.errors import (
-        ConfigError,
-        InterpreterError,
-        KernelError,
-        KernelStartError,
-        LemonExecError,
-        RefusedError,
-        SessionBusyError,
-        ToolDenied,
-        ToolFailure,
-    )
-    from lemon_exec.facade import ExecuteCode
-    from lemon_exec.result import ExecuteCodeResult
-    from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
-    from lemon_exec.session import SessionOwner
-    from lemon_exec.telemetry import Telemetry
-    from lemon_exec.tools import (
-        ApprovalOutcome,
-        PolicyDecision,
-        ToolCall,
-        ToolHost,
-        ToolRegistry,
-        default_registry,
-    )
+    return list(__getattr__("__all__"))

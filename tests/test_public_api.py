@@ -7,6 +7,7 @@ import importlib
 import importlib.metadata
 import inspect
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -32,33 +33,20 @@ from lemon_exec import (
 
 pytestmark = pytest.mark.timeout(60)
 
-#: The documented public names (README "Python API" and docs/architecture.md).
-DOCUMENTED = {
-    "AbortSignal",
-    "ApprovalOutcome",
-    "ConfigError",
-    "ExecuteCode",
-    "ExecuteCodeConfig",
-    "ExecuteCodeResult",
-    "InterpreterError",
-    "KernelError",
-    "KernelStartError",
-    "LemonExecError",
-    "PolicyDecision",
-    "RefusedError",
-    "ScriptSource",
-    "SessionBusyError",
-    "SessionOwner",
-    "SessionScope",
-    "Telemetry",
-    "ToolCall",
-    "ToolDenied",
-    "ToolFailure",
-    "ToolHost",
-    "ToolRegistry",
-    "__version__",
-    "default_registry",
-}
+ROOT = Path(__file__).resolve().parents[1]
+README_LIST = "Every public name is in `lemon_exec.__all__`:"
+
+
+def documented_names() -> set[str]:
+    """The public names the README's "Python API" lists (the paragraph that starts with
+    README_LIST): every name in backquotes there that is an identifier."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = readme.index(README_LIST)
+    paragraph = readme[start : readme.index("\n\n", start)]
+    return {word for word in re.findall(r"`([^`]+)`", paragraph) if word.isidentifier()}
+
+
+DOCUMENTED = documented_names()
 
 
 def test_all_matches_the_documented_names() -> None:
@@ -111,24 +99,40 @@ def test_version_matches_the_installed_metadata() -> None:
     assert lemon_exec.__version__ == importlib.metadata.version("lemon_exec")
 
 
-def test_imports_stay_lazy_and_the_kernel_side_stays_host_free() -> None:
+def test_importing_the_package_and_listing_its_names_stays_lazy() -> None:
+    # The kernel imports lemon_exec.kernel, which runs lemon_exec/__init__.py: that must not
+    # pull in the host side. What the kernel side itself imports is tests/test_layering.py's.
     probe = textwrap.dedent(
         """
         import json, sys
         import lemon_exec
-        after_package = sorted(m for m in ("jupyter_client", "traitlets", "zmq",
-                                           "lemon_exec.facade") if m in sys.modules)
-        import lemon_exec.kernel.lemon_kernel
-        host_side = sorted(m for m in sys.modules if m.startswith(("lemon_exec.host",
-                           "lemon_exec.config", "lemon_exec.facade", "lemon_exec.tools")))
-        print(json.dumps({"after_package": after_package, "host_side": host_side}))
+        heavy = ("jupyter_client", "traitlets", "zmq", "lemon_exec.facade", "lemon_exec.config")
+        after_import = sorted(m for m in heavy if m in sys.modules)
+        listed = (lemon_exec.__all__, dir(lemon_exec))
+        after_listing = sorted(m for m in heavy if m in sys.modules)
+        print(json.dumps({"after_import": after_import, "after_listing": after_listing}))
         """
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     found = json.loads(done.stdout)
-    assert found == {"after_package": [], "host_side": []}
+    assert found == {"after_import": [], "after_listing": []}
+
+
+def test_the_exception_tree_in_the_docs_is_exported() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Exceptions") :]
+    tree = section[section.index("```") : section.index("```", section.index("```") + 3)]
+    drawn = set(re.findall(r"^[\s│├└─]*([A-Z]\w+)", tree, re.MULTILINE))
+    assert "LemonExecError" in drawn and "ToolDenied" in drawn
+    assert drawn <= DOCUMENTED
+
+
+def test_star_import_gives_every_public_name() -> None:
+    namespace: dict[str, object] = {}
+    exec("from lemon_exec import *", namespace)
+    assert set(namespace) - {"__builtins__"} == DOCUMENTED
 
 
 def test_exception_tree() -> None:

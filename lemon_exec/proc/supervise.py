@@ -207,7 +207,7 @@ def _signal(pid: int, signum: int) -> None:
         os.kill(pid, signum)
 
 
-def kill_tree(pid: int, *, include_root: bool = True, timeout: float = _KILL_TREE_TIMEOUT_S) -> int:
+def kill_tree(pid: int, *, include_root: bool = True) -> int:
     """SIGKILL every descendant of ``pid`` (and ``pid`` itself with ``include_root``).
 
     The root is stopped first so it starts nothing new; descendants are killed in rounds
@@ -221,7 +221,7 @@ def kill_tree(pid: int, *, include_root: bool = True, timeout: float = _KILL_TRE
             return 0
         _signal(pid, signal.SIGSTOP)
     killed: set[int] = set()
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + _KILL_TREE_TIMEOUT_S
     while True:
         found = [p for p in descendants(pid) if p != os.getpid()]
         if not found:
@@ -238,13 +238,13 @@ def kill_tree(pid: int, *, include_root: bool = True, timeout: float = _KILL_TRE
     return len(killed)
 
 
-def terminate_descendants(grace: float = _TERM_GRACE_S) -> None:
-    """SIGTERM this process's descendants, give them ``grace`` seconds, then kill the rest."""
+def _terminate_descendants() -> None:
+    """SIGTERM this process's descendants, give them a short grace, then kill the rest."""
     me = os.getpid()
     found = descendants(me)
     for child in found:
         _signal(child, signal.SIGTERM)
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + _TERM_GRACE_S
     while found and time.monotonic() < deadline:
         time.sleep(0.01)
         found = [p for p in found if running(p)]
@@ -269,11 +269,11 @@ def supervise_kernel(connection_file: str | None, parent: int | None = None) -> 
         signal.signal(signal.SIGINT, signal.default_int_handler)
     become_subreaper()
     signal.signal(signal.SIGTERM, _on_sigterm)
-    watch_parent(lambda: _parent_died(connection_file), parent)
+    _watch_parent(lambda: _parent_died(connection_file), parent)
 
 
 def _on_sigterm(signum: int, _frame: object) -> None:
-    terminate_descendants()
+    _terminate_descendants()
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)  # die of SIGTERM, as the default would have
 
@@ -295,10 +295,10 @@ def _parent_died(connection_file: str | None) -> None:
         os._exit(1)
 
 
-def watch_parent(on_death: Callable[[], None], parent: int | None = None) -> threading.Thread:
+def _watch_parent(on_death: Callable[[], None], parent: int | None) -> None:
     """Call ``on_death`` (on a daemon thread) once our parent ``parent`` has exited.
 
-    ``parent`` defaults to the current parent. If it is no longer our parent, it is gone
+    ``parent`` None means the current parent. If it is no longer our parent, it is gone
     already (we were reparented) and ``on_death`` runs at once.
     """
     ppid = parent if parent else os.getppid()
@@ -319,9 +319,7 @@ def watch_parent(on_death: Callable[[], None], parent: int | None = None) -> thr
                     time.sleep(_POLL_PARENT_S)
         on_death()
 
-    thread = threading.Thread(target=watch, name="lemon-parent-watch", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=watch, name="lemon-parent-watch", daemon=True).start()
 
 
 def connection_file_arg(argv: list[str]) -> str | None:
