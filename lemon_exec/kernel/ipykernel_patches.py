@@ -5,10 +5,11 @@ application's ``kernel_class`` and ``outstream_class``, the kernel's ``shell_cla
 overrides of public methods (``init_iopub``, ``do_execute``, ``dispatch_control``, ...);
 those stay where they are. What has no seam is listed here, in :data:`PATCHES`: a
 module-level name replaced for a moment, a private method called or overridden, a private
-attribute written. The functions that do it live in this module; a subclass override of a
-private method (``LocalIOPubThread._really_send`` in app.py, ``BoundedOutStream._watch_pipe_fd``
-in streams.py, the app's ``_configure_logging``, the kernel's ``_execute_sleep``) cannot
-leave its class, so it is only listed, and checked like the rest.
+attribute written (one is traitlets': the application's logging set-up). The functions
+that do it live in this module; a subclass override of a private method
+(``LocalIOPubThread._really_send`` in app.py, ``BoundedOutStream._watch_pipe_fd`` in
+streams.py, the app's ``_configure_logging`` and ``_ConfigPhase``, the kernel's
+``_execute_sleep``) cannot leave its class, so it is only listed, and checked like the rest.
 
 The rule on versions, applied once per process by :func:`check` (the kernel application's
 ``initialize``, the fork-server template's preload):
@@ -33,7 +34,6 @@ The rule on versions, applied once per process by :func:`check` (the kernel appl
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 import threading
 import warnings
@@ -160,6 +160,7 @@ _disabled: frozenset[str] | None = None
 
 
 def installed_versions() -> dict[str, str]:
+    """The versions of the libraries in :data:`KNOWN` that this process runs on."""
     import ipykernel
     import IPython
 
@@ -196,9 +197,10 @@ def is_known(versions: Mapping[str, str]) -> bool:
 
 
 def _has(module: str, dotted: str) -> bool:
-    try:
-        target: Any = importlib.import_module(module)
-    except ImportError:
+    # Every module PATCHES names is loaded by this module's imports (ipykernel.kernelapp
+    # imports the rest): looked up, never imported by name.
+    target: Any = sys.modules.get(module)
+    if target is None:
         return False
     for part in dotted.split("."):
         if not hasattr(target, part):
