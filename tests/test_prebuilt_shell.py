@@ -132,7 +132,7 @@ def test_module_names_work_as_the_set_ipython_subtracts() -> None:
 TEMPLATE_WORK = """
 import json, logging
 from ipykernel import ipkernel, kernelbase
-from lemon_exec.kernel import app, helpers, prebuilt
+from lemon_exec.kernel import app, helpers, ipykernel_patches, prebuilt
 shell = get_ipython()
 kernel = shell.kernel
 log = logging.getLogger("LemonKernelApp")
@@ -144,10 +144,12 @@ print(json.dumps({
     "log_handlers_kept": [id(h) for h in log.handlers]
     == [id(h) for h in app._applied_logging[1]],
     "log_handlers": len(log.handlers),
-    "memoized": kernelbase._accepts_parameters is app.signature_check
-    and ipkernel._accepts_parameters is app.signature_check,
+    "memoized": kernelbase._accepts_parameters is ipykernel_patches.signature_check
+    and ipkernel._accepts_parameters is ipykernel_patches.signature_check,
     "accepts": kernel._do_exec_accepted_params,
-    "accepts_uncached": app._accepts_parameters(kernel.do_execute, ["cell_meta", "cell_id"]),
+    "accepts_uncached": ipykernel_patches._accepts_parameters(
+        kernel.do_execute, ["cell_meta", "cell_id"]
+    ),
     "tools_key": repr(helpers._tools_cache[0]),
     "search": list(tools.search("read")),
 }))

@@ -16,13 +16,12 @@ import sys
 import threading
 from typing import Any
 
-from ipykernel import debugger, ipkernel
 from ipykernel.ipkernel import IPythonKernel
 from ipykernel.zmqshell import ZMQInteractiveShell
 from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
 from traitlets import Float, Type, default
 
-from lemon_exec.kernel import cells, helpers, prebuilt, script
+from lemon_exec.kernel import cells, helpers, ipykernel_patches, prebuilt, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.streams import BoundedOutStream, ChunkedStream
 from lemon_exec.wire import cell_setup, jupyter_messages, protocol, script_outcome
@@ -66,7 +65,7 @@ class LemonShell(ZMQInteractiveShell):
     @classmethod
     def instance(cls, *args: Any, **kwargs: Any) -> LemonShell:
         # In a forked kernel: the shell the template built, if it fits (kernel/prebuilt.py).
-        prebuilt.adopt(kwargs)
+        prebuilt.adopt(cls, kwargs)
         shell = super().instance(*args, **kwargs)
         assert isinstance(shell, LemonShell)
         return shell
@@ -97,23 +96,12 @@ class LemonKernel(IPythonKernel):
     # ipykernel sleeps 0.5 ms after every cell, before its reply, so that output would reach
     # clients first (an old workaround). Clients wait for the idle status, which IOPub sends
     # after the cell's output anyway; the host does (host/cell/execute.py). Half a millisecond of
-    # every cell's round trip, for nothing.
+    # every cell's round trip, for nothing. (A private trait: see ipykernel_patches.)
     _execute_sleep = Float(0.0).tag(config=True)
 
     def __init__(self, **kwargs: Any) -> None:
-        # IPythonKernel.__init__ lists every loaded module's file for its debugger: in a
-        # forked kernel that touches all ~500 module objects the template shares with it
-        # (~5 ms, and their pages are copied). Without debugpy there is no debugger to feed:
-        # it sees a sys without modules (everything else is the real sys).
-        namespace = vars(ipkernel)
-        lean = not debugger._is_debugpy_available and namespace.get("sys") is sys
-        if lean:
-            namespace["sys"] = _SysWithoutModules()
-        try:
+        with ipykernel_patches.kernel_init_without_module_list():
             super().__init__(**kwargs)  # type: ignore[no-untyped-call]
-        finally:
-            if lean:
-                namespace["sys"] = sys
         # What runs on the main thread, for interrupt_request (control thread): "idle", the
         # agent's "script", or a viewer's ordinary "cell". Changed and read under the lock.
         self._running = "idle"
@@ -166,7 +154,7 @@ class LemonKernel(IPythonKernel):
             running = self._running
             if running == "cell":
                 try:
-                    self._send_interrupt_children()  # type: ignore[no-untyped-call]
+                    ipykernel_patches.interrupt_children(self)
                 except OSError as exc:
                     content = _error_content(type(exc).__name__, str(exc))
         if running == "script":
@@ -292,15 +280,6 @@ class LemonKernel(IPythonKernel):
         # Output that threads and children of ended cells wrote meanwhile: dropped, counted.
         outcome = dataclasses.replace(outcome, late_output_bytes=cells.take_late_bytes())
         return script_outcome.script_reply(outcome, self.execution_count)
-
-
-class _SysWithoutModules:
-    """The sys module as IPythonKernel.__init__ sees it in a kernel without a debugger."""
-
-    modules: dict[str, Any] = {}  # read-only: never filled
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(sys, name)
 
 
 def _error_content(ename: str, evalue: str) -> dict[str, Any]:

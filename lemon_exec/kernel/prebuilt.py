@@ -74,28 +74,27 @@ _modules: frozenset[str] | None = None
 _extensions: frozenset[str] = frozenset()
 
 
-def build() -> bool:
+def build(app_class: type[Any], shell_class: type[Any]) -> bool:
     """Build the shell in this process (the template), as a kernel would configure it.
 
-    False if that failed (an unreadable profile, say): each kernel then builds its own, and
-    meets the failure itself, reported as usual.
+    ``app_class`` and ``shell_class`` are the kernel's application and shell classes
+    (``LemonKernelApp``, ``LemonShell``), given by the caller (``app.build_prebuilt``) so
+    that this module imports neither. False if that failed (an unreadable profile, say):
+    each kernel then builds its own, and meets the failure itself, reported as usual.
     """
     global _PREBUILT
     from ipykernel.compiler import XCachingCompiler
 
-    from lemon_exec.kernel.app import LemonKernelApp
-    from lemon_exec.kernel.lemon_kernel import LemonShell
-
     env = dict(os.environ)  # before the shell sets its pager and colour variables
     try:
         # Not the singleton: the kernel builds its own application.
-        app = LemonKernelApp()  # type: ignore[no-untyped-call]
+        app = app_class()
         app.configure_shell_config()
-        app.init_profile_dir()  # type: ignore[no-untyped-call]
-        app.init_config_files()  # type: ignore[no-untyped-call]
-        app.load_config_file()  # type: ignore[no-untyped-call]
+        app.init_profile_dir()
+        app.init_config_files()
+        app.load_config_file()
         config = copy.deepcopy(app.config)
-        shell = LemonShell.instance(
+        shell = shell_class.instance(
             parent=app,
             profile_dir=app.profile_dir,
             user_module=None,
@@ -107,7 +106,7 @@ def build() -> bool:
         extensions = _load_default_extensions(app, shell)
         setup = _app_setup(app)
     except Exception:
-        LemonShell.clear_instance()
+        shell_class.clear_instance()
         return False
     _warm_startup_file_search()
     modules = frozenset(sys.modules)
@@ -196,22 +195,21 @@ def _warm_startup_file_search() -> None:
         fnmatch.filter((), pattern)
 
 
-def adopt(options: dict[str, Any]) -> None:
-    """Called by ``LemonShell.instance(**options)`` (the kernel asking for its shell).
+def adopt(shell_class: type[Any], options: dict[str, Any]) -> None:
+    """Called by ``shell_class.instance(**options)`` (the kernel asking for its shell).
 
     If the template's shell would come out the same, it is made ready for this kernel and
-    ``instance()`` returns it; otherwise it is dropped and ``instance()`` builds a new one.
-    Only the first call counts: the template's shell is offered once.
+    ``instance()`` returns it; otherwise it is dropped (``shell_class``'s singleton cleared)
+    and ``instance()`` builds a new one. Only the first call counts: the template's shell
+    is offered once.
     """
     global _PREBUILT, _modules, _extensions, adopted
     prebuilt, _PREBUILT = _PREBUILT, None
     if prebuilt is None:
         return
-    from lemon_exec.kernel.lemon_kernel import LemonShell
-
     kernel = options.get("kernel")
     if kernel is None or not _matches(prebuilt, options, kernel.config):
-        LemonShell.clear_instance()
+        shell_class.clear_instance()
         return
     shell = prebuilt.shell
     shell.parent = options.get("parent", kernel)

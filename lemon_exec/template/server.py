@@ -73,7 +73,7 @@ def main() -> None:
     skip_optional_modules()
     importlib.import_module("lemon_exec.kernel.app").preload()
     # The shell every kernel would build the same way: built once here (kernel/prebuilt.py).
-    importlib.import_module("lemon_exec.kernel.prebuilt").build()
+    importlib.import_module("lemon_exec.kernel.app").build_prebuilt()
     heap = importlib.import_module("lemon_exec.template.heap")
 
     # Move everything imported so far out of the collector's reach: a child's garbage
