@@ -149,7 +149,7 @@ def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> Non
     """A kernel reaped by the template, its report not yet read, still gets its real status.
 
     The host sees the pid gone before it reads the template's exit report; reading that as
-    "killed" (-9) once turned ``os._exit(7)`` into "Script exited with code -9".
+    "killed" (-9) would turn ``os._exit(7)`` into "Script exited with code -9".
     """
     template_cwd = short_dir / "template"
     template_cwd.mkdir()

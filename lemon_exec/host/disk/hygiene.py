@@ -114,7 +114,7 @@ def _install_sigterm() -> None:
 # -- after a host died ------------------------------------------------------------------------
 
 
-def host_dead(pid: int, started: int | None) -> bool:
+def _host_dead(pid: int, started: int | None) -> bool:
     """Whether the host that was ``pid`` (started at ``started``, if known) has ended.
 
     A zombie has ended; a live process with another start time is a reused PID.
@@ -150,7 +150,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
             kernels = [k for k in data.get("kernels", []) if isinstance(k, dict)]
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        if host == os.getpid() or not host_dead(host, host_start):
+        if host == os.getpid() or not _host_dead(host, host_start):
             continue
         for pid, started in procs:
             if pid > 1 and supervise.same_process(pid, started):
@@ -163,7 +163,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
 
 def _delete_connection_files(root: Path, paths: list[str]) -> None:
     """Delete each of ``paths`` that is a regular file of ours directly in ``root``'s runtime
-    directory (:func:`lemon_exec.host.disk.staging.runtime_dir_of`)."""
+    directory (:func:`lemon_exec.host.disk.runtime_base.runtime_dir_of`)."""
     runtime = runtime_dir_of(root)
     names = {Path(p).name for p in paths if Path(p).parent == runtime}
     names = {n for n in names if n.startswith("kernel-") and n.endswith(".json")}
