@@ -1,5 +1,5 @@
-"""What the fork-server template does so that its kernels copy fewer of its pages (issue 17),
-and what its kernels share with it (the string-hash secret, issue 26 item 9).
+"""What the fork-server template does so that its kernels copy fewer of its pages, and what
+its kernels share with it (the string-hash secret).
 
 The effect is measured by the benchmark (``sessions64_idle_pss_mb``); these tests check
 that each piece does what it says, in a process of its own.
@@ -23,7 +23,7 @@ pytestmark = [
 
 HEAP_PROBE = """
 import ctypes, json
-from lemon_exec.kernel import heap
+from lemon_exec.template import heap
 libc = heap._libc()
 libc.free.argtypes = [ctypes.c_void_p]
 kept, freed = [], []

@@ -22,10 +22,12 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.connect import write_connection_file
+from support import pid_gone
 
 from lemon_exec.proc import supervise
 from lemon_exec.template import client as forkserver
 from lemon_exec.template.client import ForkServer
+from lemon_exec.template.provisioner import ForkedProcess
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -147,7 +149,7 @@ def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> Non
     """A kernel reaped by the template, its report not yet read, still gets its real status.
 
     The host sees the pid gone before it reads the template's exit report; reading that as
-    "killed" (-9) once turned ``os._exit(7)`` into "Script exited with code -9".
+    "killed" (-9) would turn ``os._exit(7)`` into "Script exited with code -9".
     """
     template_cwd = short_dir / "template"
     template_cwd.mkdir()
@@ -160,11 +162,11 @@ def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> Non
             argv, cwd = kernel_request(short_dir, "k")
             pid = await server.fork(argv, dict(os.environ), cwd, None)
             cwd_of(pid, str(template_cwd))
-            process = forkserver.ForkedProcess(server, pid)
+            process = ForkedProcess(server, pid)
             # Without yielding to the loop, so the template's report stays unread.
             os.kill(pid, signal.SIGTERM)
             deadline = time.monotonic() + 10
-            while forkserver._exists(pid):
+            while not pid_gone(pid):
                 assert time.monotonic() < deadline, "the kernel did not end"
                 time.sleep(0.002)
             assert process.poll() is not None, "a reaped kernel must read as ended"

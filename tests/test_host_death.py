@@ -21,10 +21,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from support import mcp_call_execute_code, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host.disk import hygiene
+from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc import supervise
@@ -144,7 +146,9 @@ def start_host(tmp_path: Path, base: Path, mode: str, fork: str) -> subprocess.P
         str(tmp_path / "probe"),
         str(script),
     ]
-    return subprocess.Popen(argv, cwd=tmp_path)
+    # Session kernels are published for Jupyter Server: links to their connection files.
+    env = {**os.environ, EXTERNAL_DIR_ENV: str(tmp_path / "external")}
+    return subprocess.Popen(argv, cwd=tmp_path, env=env)
 
 
 def connection_files(base: Path) -> list[Path]:
@@ -187,6 +191,9 @@ def test_killed_host_leaves_no_process_and_no_key(
         else:
             assert kernel_parent == host.pid
         assert connection_files(base)
+        links = tmp_path / "external"
+        if mode == "session":
+            assert list(links.iterdir()), "the session kernel was not published"
 
         host.send_signal(signum)
         host.wait(10)
@@ -203,6 +210,12 @@ def test_killed_host_leaves_no_process_and_no_key(
             while len(names(root)) > 3 and time.monotonic() < deadline:
                 time.sleep(0.05)
             assert names(root) <= {"owner", "kernels.json", "spill"}
+            runtime = runtime_dir_of(root)
+            assert wait_until(lambda: not runtime.exists(), GONE_WITHIN_S), (
+                "the runtime directory (keys, sockets, logs) outlived the host"
+            )
+            if mode == "session":  # the published links dangled: the teardown removed them
+                assert wait_until(lambda: not list(links.iterdir()), GONE_WITHIN_S)
         with ExecuteCode(ExecuteCodeConfig(enabled=True), staging_base=base) as tool:
             tool.run_sync("pass")
         if fork == "on":  # only empty known parts were left: the next start removed it

@@ -289,7 +289,7 @@ HOST = """
 import sys, time
 from pathlib import Path
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.host import forkserver
+from lemon_exec.template import client as forkserver
 fork = sys.argv[3] == "forked"
 tool = ExecuteCode(ExecuteCodeConfig(
     enabled=True, warm_kernels=0, python_path=sys.executable, sandbox=sys.argv[1],

@@ -30,6 +30,8 @@ from lemon_exec.host.disk.spill_reaper import SpillReaper
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc import supervise
+from lemon_exec.proc.host_teardown import teardown_dead_host
+from lemon_exec.proc.private_fs import write_owner_marker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -181,14 +183,26 @@ def test_next_start_deletes_recorded_keys_and_nothing_else(
         survivor.wait()
 
 
-def test_template_teardown_keeps_spill_files_and_the_marker(tmp_path: Path, dead_pid: int) -> None:
-    root = dead_root(tmp_path, "lemon-exec-torn", dead_pid)
-    private_file(root / "runtime" / "kernel-a.json", '{"key": "secret"}')
+def test_template_teardown_keeps_spill_files_and_the_marker(
+    tmp_path: Path, dead_pid: int, reap_dirs: list[Path]
+) -> None:
+    root = dead_root(tmp_path, f"lemon-exec-torn{uuid.uuid4().hex[:8]}", dead_pid)
     (root / "work" / "run-1" / "deep").mkdir(parents=True)
     (root / "pypath" / "lemon_exec").symlink_to(tmp_path)
     fresh = spill(root / "spill", "fresh", 60)
-    assert hygiene.teardown_dead_host(root, dead_pid)
+    runtime = runtime_dir_of(root)  # keys live under the fixed runtime base
+    runtime.mkdir(mode=0o700)
+    reap_dirs.append(runtime)
+    private_file(runtime / "owner", json.dumps({"pid": dead_pid, "created": 1, "version": 1}))
+    key = private_file(runtime / "kernel-a.json", '{"key": "secret"}')
+    links = tmp_path / "external"
+    links.mkdir()
+    (links / "lemon-a.json").symlink_to(key)
+    (links / "lemon-live.json").symlink_to(fresh)
+    assert teardown_dead_host(root, dead_pid, runtime, links)
     assert sorted(p.name for p in root.iterdir()) == ["kernels.json", "owner", "spill"]
+    assert not runtime.exists(), "the dead host's keys outlived its teardown"
+    assert sorted(p.name for p in links.iterdir()) == ["lemon-live.json"]
     assert fresh.read_text() == "output", "a spill file must stay readable for 24 h"
     assert tmp_path.exists()
     # With its spill file gone (the reaper's job), a later boot removes the root.
@@ -200,8 +214,11 @@ def test_template_teardown_keeps_spill_files_and_the_marker(tmp_path: Path, dead
 def test_template_teardown_needs_a_dead_owner(tmp_path: Path) -> None:
     root = dead_root(tmp_path, "lemon-exec-alive", os.getpid())
     (root / "work" / "run-1").mkdir()
-    assert not hygiene.teardown_dead_host(root, os.getpid())
-    assert (root / "work" / "run-1").exists()
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    write_owner_marker(runtime)
+    assert not teardown_dead_host(root, os.getpid(), runtime)
+    assert (root / "work" / "run-1").exists() and runtime.exists()
 
 
 # -- the spill reaper --------------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""A fork-server template that a script stops or kills costs no call its kernel (issue 25.6).
+"""A fork-server template that a script stops or kills costs no call its kernel.
 
 A stopped (SIGSTOP) or wedged template is retired at once: the start goes cold, the backend
 starts a replacement, and kernels the template forked keep running (it is resumed, not
 killed). A killed template's kernels die with it: none of them is handed out as a spare.
-Real templates, real kernels; the bounds are generous (the old behaviour was 5 s per start,
-or a call that never got an answer).
+Real templates, real kernels; the bounds are generous (well under the 5 s a request may wait
+for a template that is merely slow).
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The fork-server template: the process that forks kernels, its host-side client, heap
-filling and isolation."""
+"""The fork-server template: the process that forks kernels, its host-side client and
+jupyter_client provisioner, heap filling and the sandbox each forked kernel builds."""

@@ -2,40 +2,34 @@
 
 A :class:`ForkServer` per interpreter runs ``python -m lemon_exec.template.server`` and
 talks to it over a socketpair (see that module for the protocol). jupyter_client reaches it
-through :class:`ForkServerProvisioner`, a kernel provisioner (entry point
-``lemon-forkserver``) that launches by fork request instead of Popen and otherwise behaves
-like the LocalProvisioner: same process-group signalling, same cleanup. When no fork server
-is ready the provisioner falls back to a normal launch, so it can never make a start fail.
+through the kernel provisioner of :mod:`lemon_exec.template.provisioner`, which finds its
+server by id (:func:`find_server`). The host names its runtime directory and Jupyter links
+directory when it starts a template, which tears them down should the host die.
 
 Under ``sandbox = "bwrap"`` the template runs inside bubblewrap (its launcher comes from
-:mod:`lemon_exec.host.kernels.sandbox`) and a kernel's sandbox options travel with its fork request:
-the child confines itself before anything else (:mod:`lemon_exec.template.isolate`). A kernel
-whose options it cannot apply starts cold under bwrap, never in the template's view.
+:mod:`lemon_exec.host.kernels.sandbox`) and a kernel's sandbox options travel with its fork
+request: the child confines itself before anything else (:mod:`lemon_exec.template.isolate`).
 
 A template that cannot answer is retired: it forks nothing more, waiting requests fail at
 once (their kernels start cold), and the backend replaces it. While a request waits, the
-template's ``/proc`` state is read every ``_CHECK_S``: stopped (SIGSTOP from a script, ``T``)
+template's ``/proc`` state is read every ``CHECK_S``: stopped (SIGSTOP from a script, ``T``)
 or traced (``t``) on two checks in a row means retired; sleeping without using any CPU for
 ``_WEDGE_FACTOR`` times its slowest recent answer (at least ``_WEDGE_MIN_S``) means wedged,
 retired too. A loaded machine shows as a runnable template, or one that uses CPU: it is
-waited for, up to ``_REQUEST_TIMEOUT_S``, as before. A retired template is not killed while
+waited for, up to ``_REQUEST_TIMEOUT_S``. A retired template is not killed while
 kernels it forked run (they die with their template: a session's, or another caller's
 running script): a stopped one is resumed (SIGCONT), so that it still reaps and reports
 them and watches the host, and it is stopped with the backend (or sooner, if the backend
 already keeps as many retired templates as it will).
 
-Every request carries an id the template echoes in its reply, and replies are matched to
-requests by it. A request given up on (timed out, or its start was cancelled) is remembered:
-when its late reply names a kernel, the template is told to kill it. Without the ids a late
-reply would be taken as the answer to the next request, handing out a kernel that belongs
-to nobody (and leaking it).
+Replies are matched to requests by id (:mod:`lemon_exec.template.replies`): the kernel of a
+request given up on is killed, never handed to a later request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import json
 import logging
 import os
@@ -46,20 +40,19 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
-
-from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-from traitlets import Unicode
 
 from lemon_exec.proc import supervise
 from lemon_exec.template import isolate as isolation
+from lemon_exec.template.replies import Replies
 
 log = logging.getLogger(__name__)
 
 _READY_TIMEOUT_S = 15.0
 _REQUEST_TIMEOUT_S = 5.0
 #: How often a waiting request checks on the template (stopped, wedged, gone).
-_CHECK_S = 0.05
+CHECK_S = 0.05
 #: A sleeping template that used no CPU this many times its slowest recent answer is wedged.
 _WEDGE_FACTOR = 10.0
 #: ... but never sooner than this (one answer is ~10 ms; a busy host adds its delays).
@@ -71,7 +64,7 @@ _process_state = supervise.state
 #: How long a kernel start waits for a starting template before it launches cold instead.
 START_WAIT_S = 3.0
 
-#: Fork servers by id, so the provisioner (built by jupyter_client) can find its server.
+#: Open fork servers by id, so the provisioner (built by jupyter_client) can find its server.
 _SERVERS: dict[str, ForkServer] = {}
 
 #: (sandbox options, kernel argv) of a sandboxed kernel's argv, None for one it cannot fork.
@@ -89,6 +82,8 @@ class ForkServer:
         cwd: str,
         *,
         sandbox: tuple[list[str], list[str], SplitSandbox] | None = None,
+        runtime_dir: Path | None = None,
+        links_dir: Path | None = None,
     ) -> None:
         self.server_id = server_id
         self.interpreter = interpreter
@@ -97,16 +92,15 @@ class ForkServer:
         self._sandbox = sandbox
         self._env = env
         self._cwd = cwd
+        #: What the template tears down, beside its staging root, if the host dies.
+        self._teardown = [("--runtime-dir", runtime_dir), ("--links-dir", links_dir)]
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._sock: socket.socket | None = None
         # True once the template said "ready"; False if it exited before that.
         self._ready: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        # Replies awaited, by request id; ids given up on, whose late kernels get killed.
-        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
-        self._abandoned: set[int] = set()
-        self._request_ids = itertools.count(1)
+        self._replies = Replies(kill=self._kill_abandoned)
         self._lock = asyncio.Lock()  # one sender at a time on the socket
         self._exits: dict[int, int] = {}
         self._children: set[int] = set()
@@ -135,6 +129,7 @@ class ForkServer:
         host_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         argv = [self.interpreter, "-m", "lemon_exec.template.server"]
         argv += ["--fd", str(child_sock.fileno())]
+        argv += [arg for option, path in self._teardown if path for arg in (option, str(path))]
         if self._sandbox is None:
             argv += ["--host-pid", str(os.getpid())]
         else:  # its parent is bwrap, which dies with us; its kernels confine themselves
@@ -246,15 +241,11 @@ class ForkServer:
                     if not self._ready.done():
                         self._ready.set_result(True)
                 elif "req" in msg:
-                    self._reply(msg)
+                    self._replies.deliver(msg)
         finally:
             if not self._ready.done():
                 self._ready.set_result(False)
-            for waiter in self._pending.values():
-                if not waiter.done():
-                    waiter.set_result({"error": "fork server exited"})
-            self._pending.clear()
-            self._abandoned.clear()  # the template kills its children when it exits
+            self._replies.close("fork server exited")
 
     def _note_template_pid(self, pid: object) -> None:
         """Keep the PID the template reported if it is ours: the launcher's or below it."""
@@ -276,10 +267,7 @@ class ForkServer:
             return
         self.retired = True
         log.warning("fork server %s (pid %s) %s: retired and replaced", self.server_id, pid, why)
-        for req, waiter in list(self._pending.items()):
-            self._abandon(req, waiter)  # a late reply's kernel is killed
-            if not waiter.done():
-                waiter.set_result({"error": f"fork server {why}"})
+        self._replies.abandon_all(f"fork server {why}")  # a late reply's kernel is killed
 
     def _kill_template(self) -> None:
         for pid in list(self._children):
@@ -290,24 +278,6 @@ class ForkServer:
             supervise.kill_tree(self._proc.pid)
             with contextlib.suppress(OSError):
                 self._proc.kill()
-
-    def _reply(self, msg: dict[str, Any]) -> None:
-        """Hand a reply to the request it answers; kill the kernel of one given up on."""
-        req = msg.get("req")
-        waiter = self._pending.pop(req, None) if isinstance(req, int) else None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(msg)
-        elif req in self._abandoned:
-            self._abandoned.discard(req)
-            if isinstance(msg.get("pid"), int):
-                self._kill_abandoned(msg["pid"])
-
-    def _abandon(self, req: int, waiter: asyncio.Future[dict[str, Any]]) -> None:
-        self._pending.pop(req, None)
-        if not waiter.done():
-            self._abandoned.add(req)  # its reply comes late: _reply kills its kernel
-        elif isinstance(waiter.result().get("pid"), int):
-            self._kill_abandoned(waiter.result()["pid"])  # answered just as we gave up
 
     def _kill_abandoned(self, pid: int) -> None:
         # The template kills it only while it is its unreaped child, so never a reused PID.
@@ -340,7 +310,7 @@ class ForkServer:
             self.retire("was stopped")
         if self.retired:
             raise OSError("fork server retired: it stopped answering")
-        req = next(self._request_ids)
+        req, waiter = self._replies.open()
         request: dict[str, Any] = {"req": req, "argv": argv, "env": env, "cwd": cwd}
         if isolate is not None:
             request["isolate"] = isolate
@@ -349,8 +319,6 @@ class ForkServer:
             gone = set(isolation.parse(isolate).unsetenv)
             request["env"] = {k: v for k, v in env.items() if k not in gone}
         payload = json.dumps(request).encode() + b"\n"
-        waiter: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[req] = waiter
         try:
             async with self._lock:
                 fd = stderr_fd if stderr_fd is not None else os.open(os.devnull, os.O_WRONLY)
@@ -362,7 +330,7 @@ class ForkServer:
                         os.close(fd)
             reply = await self._answer(waiter)
         except BaseException:  # timed out, cancelled, or the send failed: give it up
-            self._abandon(req, waiter)
+            self._replies.abandon(req, waiter)
             raise
         if "pid" not in reply:
             raise OSError(f"fork server could not start a kernel: {reply.get('error')}")
@@ -379,7 +347,7 @@ class ForkServer:
         suspect: str | None = None  # what the last check found wrong
         while not waiter.done():
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), _CHECK_S)
+                await asyncio.wait_for(asyncio.shield(waiter), CHECK_S)
                 break
             waited = time.monotonic() - sent
             now = self._usage()
@@ -460,123 +428,6 @@ def servers() -> list[ForkServer]:
     return list(_SERVERS.values())
 
 
-class ForkedProcess:
-    """The Popen surface LocalProvisioner uses, for a kernel forked by the template."""
-
-    def __init__(self, server: ForkServer, pid: int) -> None:
-        self._server = server
-        self.pid = pid
-        self.returncode: int | None = None
-        self.stdin = self.stdout = self.stderr = None
-
-    def poll(self) -> int | None:
-        if self.returncode is None:
-            status = self._server.exit_status(self.pid)
-            if status is not None:
-                self.returncode = status
-            elif not _exists(self.pid):
-                if self._server.running:
-                    # Reaped, its report still in flight: ended, but the status is not final.
-                    return -signal.SIGKILL
-                self.returncode = -signal.SIGKILL  # gone without a report: the template died
-        return self.returncode
-
-    async def settle(self, timeout: float = 5.0) -> int | None:
-        """The exit status once the template's report is in (``poll()`` may answer first).
-
-        The template reaps and reports at once; the bound is for a template too loaded to
-        (its death ends the wait sooner: ``poll()`` then settles on -SIGKILL itself). A
-        stopped template never reports: it is retired, which ends the wait too.
-        """
-        deadline = time.monotonic() + timeout
-        checked = time.monotonic()
-        while self.returncode is None and self.poll() is not None:
-            if time.monotonic() > deadline:
-                self.returncode = -signal.SIGKILL
-                break
-            if time.monotonic() - checked >= _CHECK_S:
-                checked = time.monotonic()
-                if self._server.stopped:
-                    self._server.retire("was stopped")
-            await asyncio.sleep(0.002)
-        return self.poll()
-
-    @property
-    def orphaned(self) -> bool:
-        """Whether its template is gone, or killed and about to be: the kernel dies with it,
-        if it has not yet (its parent watch kills it), so it must not be handed out."""
-        return not self._server.running or self._server.killed
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while (status := self.poll()) is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(str(self.pid), timeout or 0)
-            time.sleep(0.005)
-        return status
-
-    def send_signal(self, signum: int) -> None:
-        if self.poll() is None:
-            os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
-
-def _exists(pid: int) -> bool:
-    """Whether ``pid`` still runs: a zombie does not (a kernel whose template died is
-    reparented and stays a zombie until its new parent reaps it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            state = stat.read().rpartition(b")")[2].split()[:1]
-    except OSError:
-        return True  # no /proc: kill() said it exists
-    return state != [b"Z"]
-
-
-class ForkServerProvisioner(LocalProvisioner):
-    """Launches kernels through a ready :class:`ForkServer`, else like LocalProvisioner."""
-
-    server_id = Unicode("", config=True, help="Id of the ForkServer to launch kernels with.")
-
-    async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> Any:
-        server = _SERVERS.get(self.server_id)
-        isolate: list[str] | None = None
-        argv = cmd
-        if server is not None and server.sandboxed:
-            # Only a kernel whose sandbox the child can build itself is forked: the rest
-            # start cold under bwrap, never unconfined in the template's view.
-            split = server.split_sandbox(cmd)
-            isolate, argv = split if split is not None else (None, [])
-        if (
-            server is None
-            or not server.ready
-            or len(argv) < 3
-            or argv[1:3] != ["-m", "lemon_exec.kernel"]
-        ):
-            return await super().launch_kernel(cmd, **kwargs)
-        env = kwargs.get("env") or dict(os.environ)
-        cwd = str(kwargs.get("cwd") or os.getcwd())
-        stderr = kwargs.get("stderr")
-        try:
-            pid = await server.fork(
-                argv[3:], env, cwd, stderr if isinstance(stderr, int) else None, isolate
-            )
-        except OSError as exc:  # no answer in time, or no fork: an ordinary launch instead
-            log.warning("execute_code: fork server failed (%s); starting the kernel cold", exc)
-            return await super().launch_kernel(cmd, **kwargs)
-        # Duck-typed: LocalProvisioner only polls, waits for and signals its process.
-        self.process = ForkedProcess(server, pid)  # type: ignore[assignment]
-        self.pid = pid
-        self.pgid = pid  # the child called setsid(): it leads its own process group
-        self.cwd = cwd
-        return self.connection_info
+def find_server(server_id: str) -> ForkServer | None:
+    """The fork server ``server_id`` of this process, if it is still open."""
+    return _SERVERS.get(server_id)

@@ -29,8 +29,10 @@ The template exits when the host closes its socket or dies (a pidfd on the host,
 host is noticed at once), killing every kernel's whole process tree first. It is a subreaper
 (see :mod:`lemon_exec.proc.supervise`): what a dead kernel leaves behind is adopted by the
 template and killed. When the host died (rather than closing the socket), the template also
-does the host's teardown (:func:`lemon_exec.host.disk.hygiene.teardown_dead_host`): workspaces
-and connection files go; spill files (readable for 24 hours) and the owner marker stay.
+does the host's teardown (:func:`lemon_exec.proc.host_teardown.teardown_dead_host`) of the
+staging root it runs in and of the runtime directory and links directory the host named
+(``--runtime-dir``, ``--links-dir``): workspaces and connection files go; spill files
+(readable for 24 hours) and the owner marker stay.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec.proc import supervise
+from lemon_exec.proc.host_teardown import teardown_dead_host
 
 _REAP_INTERVAL_S = 0.02
 _MAX_REQUEST = 1 << 20
@@ -66,6 +69,9 @@ def main() -> None:
     # Sandboxed (lemon_exec.template.isolate): the bwrap options of a probe kernel, confined
     # once before "ready"; every kernel then confines itself, and nothing else is forked.
     parser.add_argument("--isolate-probe", default=None)
+    # Where the host keeps its kernels' keys and links: torn down with it if it dies.
+    parser.add_argument("--runtime-dir", type=Path, default=None)
+    parser.add_argument("--links-dir", type=Path, default=None)
     args = parser.parse_args()
     # Import everything a kernel needs now, in the template, so children start warm.
     from lemon_exec.kernel.lean import skip_optional_modules
@@ -89,6 +95,7 @@ def main() -> None:
         sys.exit(1)  # never "ready": the host starts its sandboxed kernels cold instead
     template = _Template(sock, args.host_pid or os.getppid())
     template.isolated = args.isolate_probe is not None
+    template.runtime_dir, template.links_dir = args.runtime_dir, args.links_dir
     try:
         with contextlib.suppress(OSError):  # the host closed the socket: time to go
             template.serve()
@@ -127,6 +134,9 @@ class _Template:
         self.selector = selectors.DefaultSelector()
         #: Every kernel confines itself (a request without its sandbox is refused).
         self.isolated = False
+        #: The host's runtime directory and Jupyter links directory, for its teardown.
+        self.runtime_dir: Path | None = None
+        self.links_dir: Path | None = None
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
@@ -153,9 +163,7 @@ class _Template:
         if not self._host_died():
             return
         with contextlib.suppress(Exception):  # best effort: the next host start sweeps too
-            from lemon_exec.host.disk.hygiene import teardown_dead_host
-
-            teardown_dead_host(self.root, self.host)
+            teardown_dead_host(self.root, self.host, self.runtime_dir, self.links_dir)
 
     def _read(self) -> bool:
         data, fds, _flags, _addr = socket.recv_fds(self.sock, 65536, 4)

@@ -9,7 +9,7 @@ Links, not copies: the connection file lives in the host's private runtime direc
 deleted whenever its kernel goes (a clean stop, or the host-death teardown), so a link left
 by a host that died dangles at once, and Jupyter (which lists only regular files) drops the
 kernel. Dangling ``lemon-*.json`` links are swept on the next publish and by the host-death
-teardown.
+teardown (:mod:`lemon_exec.proc.host_teardown`, which names them).
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import os
 import stat
 from pathlib import Path
 
+from lemon_exec.proc.host_teardown import LINK_PREFIX, sweep_dangling_links
+
 log = logging.getLogger(__name__)
 
 #: The environment variable naming the directory to publish session kernels in.
 EXTERNAL_DIR_ENV = "LEMON_EXEC_JUPYTER_EXTERNAL_DIR"
-LINK_PREFIX = "lemon-"
-#: At most this many directory entries are looked at by one sweep.
-_SWEEP_MAX_ENTRIES = 4096
 
 
 def external_dir() -> Path | None:
@@ -57,26 +56,7 @@ def publish(kernel_id: str, connection_file: Path) -> Path | None:
 def sweep_dangling(directory: Path | None = None) -> int:
     """Remove ``lemon-*.json`` links whose connection file is gone; how many (never raises)."""
     directory = directory if directory is not None else external_dir()
-    if directory is None:
-        return 0
-    removed = 0
-    try:
-        with os.scandir(directory) as entries:
-            for n, entry in enumerate(entries):
-                if n >= _SWEEP_MAX_ENTRIES:
-                    break
-                name = entry.name
-                if not (name.startswith(LINK_PREFIX) and name.endswith(".json")):
-                    continue
-                if entry.is_symlink() and not os.path.exists(entry.path):
-                    try:
-                        os.unlink(entry.path)
-                        removed += 1
-                    except FileNotFoundError:
-                        continue
-    except OSError as exc:
-        log.debug("could not sweep %s: %s", directory, exc)
-    return removed
+    return 0 if directory is None else sweep_dangling_links(directory)
 
 
 def _unsafe(directory: Path) -> str:

@@ -8,9 +8,10 @@ private staging roots, so no kernel, connection file or workspace outlives the h
 A host that dies without running any hook (SIGKILL; SIGTERM while its handler is not ours) is
 covered by the kernel side (:mod:`lemon_exec.proc.supervise`): kernels and the fork-server
 template watch their parent and kill their whole process trees, and each kernel deletes its
-connection file. The template, acting as the dead host's own teardown, also removes what the
-host would have removed on a clean close (:func:`teardown_dead_host`), keeping ``spill/``
-(spill files stay readable for 24 hours) and the owner marker.
+connection file. The template also runs the dead host's own teardown
+(:func:`lemon_exec.proc.host_teardown.teardown_dead_host`): what the host would have removed
+on a clean close goes; ``spill/`` (spill files stay readable for 24 hours), the owner marker
+and the index stay.
 
 What even that could not clean (say the template was killed too) the next host start
 handles with :func:`sweep_dead_hosts`: it kills the processes a dead host recorded in its
@@ -35,19 +36,12 @@ import weakref
 from pathlib import Path
 from typing import Any, Protocol
 
-from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
+from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.host.disk import external
-from lemon_exec.host.disk.index import INDEX_NAME
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.proc import supervise
-from lemon_exec.proc.private_fs import (
-    DIR_FLAGS,
-    OWNER_MARKER,
-    is_own_private_dir,
-    read_owner_pid,
-    read_private_json,
-)
-from lemon_exec.proc.tree_removal import Budget, clear_dir, remove_tree
+from lemon_exec.proc.host_teardown import INDEX_NAME
+from lemon_exec.proc.private_fs import DIR_FLAGS, is_own_private_dir, read_private_json
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +50,6 @@ _MAX_ROOTS = 64
 _MAX_INDEX_BYTES = 1 << 20
 #: At most this many connection files an index names are deleted.
 _MAX_CONNECTION_FILES = 4096
-#: What a dead host's teardown keeps: spill files (24 h), the marker and index (next start).
-_TEARDOWN_KEEPS = frozenset({OWNER_MARKER, INDEX_NAME, "spill"})
 
 
 class _Cleanable(Protocol):
@@ -122,7 +114,7 @@ def _install_sigterm() -> None:
 # -- after a host died ------------------------------------------------------------------------
 
 
-def host_dead(pid: int, started: int | None) -> bool:
+def _host_dead(pid: int, started: int | None) -> bool:
     """Whether the host that was ``pid`` (started at ``started``, if known) has ended.
 
     A zombie has ended; a live process with another start time is a reused PID.
@@ -130,39 +122,6 @@ def host_dead(pid: int, started: int | None) -> bool:
     if started is not None:
         return not supervise.same_process(pid, started)
     return not supervise.running(pid)
-
-
-def teardown_dead_host(root: Path, host_pid: int) -> bool:
-    """Remove what the dead ``host_pid`` would have removed on a clean close of ``root``.
-
-    Called by the fork-server template when its host died: the template is part of that
-    host's run, so this is the host's own teardown, not a sweep of someone else's root. It
-    removes workspaces, connection files and sockets (bounded, never following symlinks) and
-    keeps ``spill/`` (readable for 24 hours), the owner marker and the index. True when only
-    those are left; nothing happens unless ``root`` is ours, private, and its marker names
-    ``host_pid``, which has ended.
-    """
-    if not is_own_private_dir(root) or read_owner_pid(root) != host_pid:
-        return False
-    if supervise.running(host_pid):
-        return False
-    try:
-        fd = os.open(root, DIR_FLAGS)
-    except OSError:
-        return False
-    try:
-        budget = Budget(REMOVE_TREE_MAX_ENTRIES)
-        cleared = clear_dir(fd, budget, depth=1, keep=_TEARDOWN_KEEPS)
-        runtime = runtime_dir_of(root)
-        if is_own_private_dir(runtime) and read_owner_pid(runtime) == host_pid:
-            cleared = remove_tree(runtime, budget.left) and cleared
-        external.sweep_dangling()  # the kernels' links for Jupyter Server now dangle
-        return cleared
-    except OSError as exc:
-        log.warning("execute_code: could not clean up %s: %s", root, exc)
-        return False
-    finally:
-        os.close(fd)
 
 
 def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
@@ -191,7 +150,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
             kernels = [k for k in data.get("kernels", []) if isinstance(k, dict)]
         except (KeyError, TypeError, ValueError, AttributeError):
             continue
-        if host == os.getpid() or not host_dead(host, host_start):
+        if host == os.getpid() or not _host_dead(host, host_start):
             continue
         for pid, started in procs:
             if pid > 1 and supervise.same_process(pid, started):
@@ -204,7 +163,7 @@ def sweep_dead_hosts(base: str | os.PathLike[str] | None = None) -> int:
 
 def _delete_connection_files(root: Path, paths: list[str]) -> None:
     """Delete each of ``paths`` that is a regular file of ours directly in ``root``'s runtime
-    directory (:func:`lemon_exec.host.disk.staging.runtime_dir_of`)."""
+    directory (:func:`lemon_exec.host.disk.runtime_base.runtime_dir_of`)."""
     runtime = runtime_dir_of(root)
     names = {Path(p).name for p in paths if Path(p).parent == runtime}
     names = {n for n in names if n.startswith("kernel-") and n.endswith(".json")}

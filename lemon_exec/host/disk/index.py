@@ -26,8 +26,9 @@ from typing import Any
 
 from lemon_exec._constants import STAGING_ROOT_PREFIX
 from lemon_exec.proc import supervise
+from lemon_exec.proc.host_teardown import INDEX_NAME
+from lemon_exec.template.client import servers
 
-INDEX_NAME = "kernels.json"
 _WRITE_DELAY_S = 0.2
 
 
@@ -46,15 +47,10 @@ class KernelStatus:
 
 
 class KernelIndex:
-    def __init__(
-        self,
-        root: Path,
-        rows: Callable[[], Iterable[KernelStatus]],
-        extra_pids: Callable[[], Iterable[int]] | None = None,
-    ) -> None:
+    def __init__(self, root: Path, rows: Callable[[], Iterable[KernelStatus]]) -> None:
         self.path = root / INDEX_NAME
+        self._root = root
         self._rows = rows
-        self._extra_pids = extra_pids or (lambda: _templates_under(root))
         self._handle: asyncio.TimerHandle | None = None
         self._host_start = supervise.start_time(os.getpid())
 
@@ -73,7 +69,7 @@ class KernelIndex:
                 "host_start": self._host_start,
                 "written_unix": time.time(),
                 "kernels": [asdict(r) for r in rows],
-                "processes": _processes([r.pid for r in rows], self._extra_pids()),
+                "processes": _processes([r.pid for r in rows], _templates_under(self._root)),
             }
         )
         tmp = self.path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
@@ -104,8 +100,6 @@ def _processes(*pid_lists: Iterable[int]) -> list[dict[str, int]]:
 
 def _templates_under(root: Path) -> list[int]:
     """The fork-server templates this process runs for the staging root ``root``."""
-    from lemon_exec.template.client import servers
-
     return [s.pid for s in servers() if s.pid and Path(s.cwd).parent == root]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.cell import execute as cells
+from lemon_exec.host.disk import external
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.host.kernels.backend import KernelHandle
@@ -201,6 +202,8 @@ class LocalBackend:
             env,
             str(self._staging.work_dir),
             sandbox=sandbox,
+            runtime_dir=self._staging.runtime_dir,
+            links_dir=external.external_dir(),
         )
         self._forkserver_env[interpreter] = _startup_env(env)
         self._forkservers[interpreter] = server

@@ -48,7 +48,7 @@ from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, LemonKernelSpecManag
 from lemon_exec.host.kernels.link_end import LinkEnd
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.proc.tree_removal import remove_tree
-from lemon_exec.template.client import ForkedProcess
+from lemon_exec.template.provisioner import ForkedProcess
 from lemon_exec.wire import jupyter_messages, protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 from lemon_exec.wire.zmq_frames import NOBLOCK, recv_frames
