@@ -3,10 +3,11 @@
 Async-first (``await run(...)``) with a synchronous twin (``run_sync``) that drives the same
 runner on a private event-loop thread. One facade lives on one event loop.
 
-The facade owns the lifecycle (the loop it is bound to, the sync twin, closing) and the
-public signatures; it checks each call's arguments (:func:`lemon_exec.host.run.calls.prepare`)
-and hands the valid ones to the modes (:mod:`lemon_exec.host.run.router`), which own the
-per-call pool and the session registry and ask the engine for kernels.
+The facade owns the public signatures, the sync twin and the public handles: it hands every
+call, as given, to its runner (:class:`lemon_exec.host.run.runner.Runner`), the one way a call
+runs, which its session owners (:meth:`ExecuteCode.attach`) call too. The runner checks the
+arguments, binds to the event loop, makes the host on first use and routes the call per-call
+or into its session. :attr:`ExecuteCode.diagnostics` shows what the host runs, read-only.
 """
 
 from __future__ import annotations
@@ -14,14 +15,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lemon_exec.config import ExecuteCodeConfig
-from lemon_exec.errors import ConfigError, RefusedError
-from lemon_exec.host.kernels.engine import Engine
 from lemon_exec.host.run.calls import (  # noqa: F401  (the refusal texts, re-exported)
     ALREADY_ABORTED,
     BAD_CWD,
@@ -30,11 +28,11 @@ from lemon_exec.host.run.calls import (  # noqa: F401  (the refusal texts, re-ex
     DISABLED,
     MISSING_SCRIPT,
     NAN_TIMEOUT,
-    Call,
     CallArgs,
-    prepare,
 )
-from lemon_exec.host.run.router import Modes, finish, staging_refused
+from lemon_exec.host.run.diagnostics import Diagnostics
+from lemon_exec.host.run.runner import Runner
+from lemon_exec.host.sessions.owners import detach_when_collected
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.schema import tool_schema
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
@@ -54,6 +52,11 @@ class ExecuteCode:
     any tool the program registers beyond them, each a helper in scripts (docs/tools.md);
     ``policy``, ``approval`` and ``approval_required`` are the runtime's hooks.
     Use as ``async with ExecuteCode(...) as tool:`` or call :meth:`aclose` when done.
+
+    :attr:`diagnostics` is a read-only view of what the facade runs (for tests and
+    operators): whether its host started, its private staging root and directories, live
+    kernels (pid, mode, phase, connection file), fork-server templates, per-call spares and
+    admission slots, the session counts of :meth:`snapshot`, and the tool worker pids.
     """
 
     def __init__(
@@ -71,24 +74,23 @@ class ExecuteCode:
         self.telemetry = Telemetry()
         if on_event is not None:
             self.telemetry.subscribe(on_event)
-        self._tool_host = ToolHost(
+        tool_host = ToolHost(
             tools if tools is not None else default_registry(),
             policy=policy,
             approval=approval,
             approval_required=approval_required,
         )
-        self._staging_base = Path(staging_base) if staging_base is not None else None
-        #: Made on first use, on the loop the facade is then bound to.
-        self._modes: Modes | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        base = Path(staging_base) if staging_base is not None else None
+        #: The one way a call runs: :meth:`run` and every owner from :meth:`attach` use it.
+        self._runner = Runner(self.config, tool_host, self.telemetry, base)
+        self._diagnostics = Diagnostics(self._runner)
         self._portal: _LoopThread | None = None
-        self._closed = False
 
     # -- public API -------------------------------------------------------------------------------
 
     def schema(self) -> dict[str, Any]:
         """The tool's name, generated description and JSON input schema."""
-        extras = toolset(self._tool_host.registry, self.config.tools)
+        extras = toolset(self._runner.tool_host.registry, self.config.tools)
         return tool_schema(self.config, extras.specs)
 
     async def run(
@@ -127,19 +129,7 @@ class ExecuteCode:
             on_output=on_output,
             source=source or ScriptSource(),
         )
-        entered = time.monotonic()
-        call = prepare(self.config, args, entered)  # checked before anything starts
-        if not isinstance(call, Call):
-            return finish(call, entered, self.telemetry)
-        # MCP servers' tools are listed (connecting once) before the kernel is told the names.
-        await self._tool_host.prepare_tools()
-        try:
-            modes = self._ensure_modes()
-        except RefusedError as exc:  # the private staging root could not be made
-            result = staging_refused(exc, call.details, self.config.mode, self.telemetry)
-        else:
-            result = await modes.run_call(call)
-        return finish(result, entered, self.telemetry)
+        return await self._runner.run(args)
 
     async def warm_up(self, cwd: str | os.PathLike[str] | None = None) -> None:
         """Start the fork server and the per-call spares now, so the first call is warm.
@@ -147,38 +137,26 @@ class ExecuteCode:
         Optional: without it they start with the first call. Does nothing when disabled or
         when the interpreter cannot be resolved (the first call reports that).
         """
-        if not self.config.enabled:
-            return
-        try:
-            interpreter = self.config.resolve_python(cwd)
-            modes = self._ensure_modes()
-        except (ConfigError, RefusedError):
-            return
-        modes.warm_up(interpreter)
-        await self._tool_host.prepare_tools()  # MCP servers connect and list their tools now
+        await self._runner.warm_up(cwd)
 
     async def attach(self, scope: SessionScope) -> SessionOwner:
-        """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md)."""
-        return self._ensure_modes().attach(scope)
+        """An explicit owner handle for ``scope`` (co-ownership; see docs/modes.md).
+
+        The owner runs through the same runner as :meth:`run`; dropping the handle (garbage
+        collection) detaches it as :meth:`SessionOwner.close` does.
+        """
+        owner = SessionOwner(self._runner, scope, self._runner.attach())
+        detach_when_collected(owner, self._runner, owner.owner_id)
+        return owner
 
     def snapshot(self) -> dict[str, Any]:
         """Aggregate kernel counts (no identities): the session registry plus spares."""
-        if self._modes is not None:
-            return self._modes.snapshot()
-        return {
-            "live": 0,
-            "capacity": self.config.max_live_kernels,
-            "phases": {"starting": 0, "idle": 0, "running": 0, "stopping": 0},
-            "owners": 0,
-            "forks": 0,
-            "queued": 0,
-            "evicted_total": 0,
-            "reaped_total": 0,
-            "idle_timeout_ms": self.config.kernel_idle_timeout_ms,
-            "max_queued_cells_per_kernel": self.config.max_queued_cells_per_kernel,
-            "spares": 0,
-            "kernels_total": 0,
-        }
+        return self._runner.snapshot()
+
+    @property
+    def diagnostics(self) -> Diagnostics:
+        """A read-only, live view of what this facade runs (see the class docstring)."""
+        return self._diagnostics
 
     def run_sync(self, script: Any, **kwargs: Any) -> ExecuteCodeResult:
         """Blocking twin of :meth:`run` (``abort`` may be a ``threading.Event``)."""
@@ -186,11 +164,7 @@ class ExecuteCode:
 
     async def aclose(self) -> None:
         """Stop every kernel this facade started and remove its private files."""
-        self._closed = True
-        if self._modes is not None:
-            modes, self._modes = self._modes, None
-            await modes.aclose()
-        await self._tool_host.aclose()  # its grep/find worker processes
+        await self._runner.aclose()
 
     def close(self) -> None:
         """Blocking twin of :meth:`aclose`."""
@@ -200,8 +174,8 @@ class ExecuteCode:
                 portal.call(self.aclose())
             finally:
                 portal.stop()
-        elif self._modes is not None:
-            loop = self._loop
+        elif self._runner.host is not None:
+            loop = self._runner.loop
             if loop is not None and loop.is_running():
                 raise RuntimeError("ExecuteCode.close() called on a running loop; await aclose()")
             asyncio.run(self.aclose())
@@ -220,29 +194,6 @@ class ExecuteCode:
 
     # -- internals -----------------------------------------------------------------------------
 
-    @property
-    def _engine(self) -> Engine | None:
-        """The kernel supervisor, once started (for tests and diagnostics)."""
-        return self._modes.engine if self._modes is not None else None
-
-    def _ensure_engine(self) -> Engine:
-        return self._ensure_modes().engine
-
-    def _ensure_modes(self) -> Modes:
-        loop = asyncio.get_running_loop()
-        if self._closed:
-            raise RuntimeError("this ExecuteCode facade is closed")
-        if self._loop is None:
-            self._loop = loop
-        elif self._loop is not loop:
-            raise RuntimeError(
-                "an ExecuteCode facade is bound to the event loop it was first used on; "
-                "create one facade per loop (or use run_sync from threads)"
-            )
-        if self._modes is None:
-            self._modes = Modes(self.config, self._tool_host, self.telemetry, self._staging_base)
-        return self._modes
-
     def _call_sync(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             asyncio.get_running_loop()
@@ -252,7 +203,7 @@ class ExecuteCode:
             coro.close()
             raise RuntimeError("run_sync() called from a running event loop; use await run()")
         if self._portal is None:
-            if self._loop is not None:
+            if self._runner.loop is not None:
                 coro.close()
                 raise RuntimeError("this facade is bound to another event loop; use await run()")
             self._portal = _LoopThread()

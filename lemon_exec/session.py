@@ -1,30 +1,19 @@
 """SessionOwner: a caller's handle on a session kernel (from ``ExecuteCode.attach``).
 
-Public: runtimes hold it. It holds the session runner that made it (the modes, never the
-facade) and its scope; see docs/modes.md for co-ownership.
+Public: runtimes hold it. The facade makes it around an owner id and the facade's own runner
+(:class:`lemon_exec.host.run.runner.Runner`, never the facade itself), so an owner's call runs
+exactly as a facade call does; see docs/modes.md for co-ownership.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
-from lemon_exec.host.run.calls import CallArgs, base_details
-from lemon_exec.host.run.results import refusal
+from lemon_exec.host.run.calls import CallArgs
+from lemon_exec.host.run.runner import Runner
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
-
-CLOSED = "execute_code: this session owner handle is closed"
-
-
-class SessionRunner(Protocol):
-    """What an owner needs of the runner that made it (``host.run.router.Modes``)."""
-
-    async def run(self, args: CallArgs, *, owner_id: int | None = None) -> ExecuteCodeResult: ...
-
-    async def detach(self, owner_id: int) -> None: ...
-
-    def detach_soon(self, owner_id: int) -> None: ...
 
 
 class SessionOwner:
@@ -37,7 +26,7 @@ class SessionOwner:
     Dropping the handle (garbage collection) detaches it too.
     """
 
-    def __init__(self, runner: SessionRunner, scope: SessionScope, owner_id: int) -> None:
+    def __init__(self, runner: Runner, scope: SessionScope, owner_id: int) -> None:
         self.scope = scope
         self.owner_id = owner_id
         self._runner = runner
@@ -59,8 +48,6 @@ class SessionOwner:
         source: ScriptSource | None = None,
     ) -> ExecuteCodeResult:
         """Run one script in this owner's session kernel (see :meth:`ExecuteCode.run`)."""
-        if self._closed:
-            return refusal(CLOSED, base_details("session"))
         args = CallArgs(
             script,
             timeout_ms=timeout_ms,
@@ -71,7 +58,7 @@ class SessionOwner:
             on_output=on_output,
             source=source or ScriptSource(),
         )
-        return await self._runner.run(args, owner_id=self.owner_id)
+        return await self._runner.run(args, owner=self)
 
     async def aclose(self) -> None:
         if not self._closed:

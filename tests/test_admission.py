@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult
@@ -155,9 +156,8 @@ class KernelSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.max_proc = max(self.max_proc, self._count())
-            engine = self._facade._engine
-            if engine is not None:
-                self.max_engine = max(self.max_engine, engine.live_kernels)
+            live = self._facade.diagnostics.live_kernels
+            self.max_engine = max(self.max_engine, live)
             time.sleep(0.01)
 
     def __enter__(self) -> KernelSampler:
@@ -171,12 +171,9 @@ class KernelSampler:
 
 def idle(facade: ExecuteCode) -> None:
     """Wait until the previous call's kernel is stopped and its slot free again."""
-    modes = facade._modes
-    assert modes is not None
-    deadline = time.monotonic() + 5
-    while modes.admission.running and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert modes.admission.running == 0
+    diagnostics = facade.diagnostics
+    assert diagnostics.started
+    assert wait_until(lambda: diagnostics.per_call_running == 0, 5)
 
 
 def burst(facade: ExecuteCode, script: str, n: int) -> tuple[list[ExecuteCodeResult], list[str]]:
@@ -267,9 +264,8 @@ def test_forty_concurrent_default_calls_all_return(
     facade = ExecuteCode(config)
     try:
         assert facade.run_sync("text('warm')").ok
-        assert facade._modes is not None
-        limit = facade._modes.admission.limit
-        burst_allowance = facade._modes.pool.max_burst
+        limit = facade.diagnostics.per_call_limit
+        burst_allowance = facade.diagnostics.spare_burst
         started = time.monotonic()
         with KernelSampler(facade, lambda: len(session_kernels(host=os.getpid()))) as sampler:
             results, errors = burst(facade, "text('ok')", 40)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
@@ -118,11 +119,7 @@ def test_config_timeout_zero_gets_the_one_second_floor() -> None:
     with ExecuteCode(config) as facade:
         assert facade.schema()["input_schema"]["properties"]["timeout_ms"]["maximum"] == 1000
         facade.run_sync("pass")  # starts the fork server and the spare
-        modes = facade._modes
-        assert modes is not None
-        deadline = time.monotonic() + 20
-        while modes.pool.spare_count < 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: facade.diagnostics.spares >= 1, 20)
         result = facade.run_sync("import time\ntime.sleep(0.2)\nprint('ran')")
     assert result.ok, result.content
     assert result.content == "ran\n"
@@ -197,9 +194,9 @@ def _mode(path: Path) -> int:
 def test_deleted_staging_root_is_recreated_private() -> None:
     with ExecuteCode(make_config()) as facade:
         assert facade.run_sync("print('first')").ok
-        engine = facade._engine
-        assert engine is not None
-        root = engine.staging.path
+        diagnostics = facade.diagnostics
+        root = diagnostics.staging_root
+        assert root is not None
         script = f"import shutil\nshutil.rmtree({str(root)!r})\nprint('deleted')\n"
         result = facade.run_sync(script)
         assert result.ok, result.content
@@ -208,9 +205,10 @@ def test_deleted_staging_root_is_recreated_private() -> None:
             after = facade.run_sync(f"print('after {attempt}')")
             assert after.ok, after.content
             assert after.content == f"after {attempt}\n"
-        for directory in (root, engine.staging.work_dir, engine.staging.spill_dir):
-            assert _mode(directory) == 0o700, directory
-        assert _mode(engine.staging.runtime_dir) & ~stat.S_ISVTX == 0o700
+        for directory in (root, diagnostics.work_dir, diagnostics.spill_dir):
+            assert directory is not None and _mode(directory) == 0o700, directory
+        assert diagnostics.runtime_dir is not None
+        assert _mode(diagnostics.runtime_dir) & ~stat.S_ISVTX == 0o700
         assert os.lstat(root).st_uid == os.getuid()
         assert json.loads((root / "owner").read_text())["pid"] == os.getpid()
         assert _mode(root / "owner") == 0o600
@@ -224,8 +222,8 @@ def test_staging_root_replaced_by_a_symlink_fails_closed(tmp_path: Path) -> None
     root: Path | None = None
     try:
         assert facade.run_sync("print('first')").ok
-        assert facade._engine is not None
-        root = facade._engine.staging.path
+        root = facade.diagnostics.staging_root
+        assert root is not None
         shutil.rmtree(root)
         root.symlink_to(elsewhere)
         result = facade.run_sync("print('must not run')")

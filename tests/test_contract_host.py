@@ -26,7 +26,6 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
-from lemon_exec.host.kernels.local_backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -74,26 +73,25 @@ def test_spare_started_before_an_env_change_is_never_used(
     monkeypatch.delenv(VAR, raising=False)
     facade = own_tool(make_config(warm_kernels=1))
     assert facade.run_sync("pass").ok
-    modes = facade._modes
-    assert modes is not None
-    wait_for(lambda: modes.pool.spare_count >= 1)  # started while VAR was unset
+    diagnostics = facade.diagnostics
+    wait_for(lambda: diagnostics.spares >= 1)  # started while VAR was unset
 
     monkeypatch.setenv(VAR, "set-after-the-spare-started")
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n", result.content
     assert result.details["kernel_source"] == "cold"  # the stale spare was discarded
-    assert modes.pool.stale_discarded == 1
+    assert diagnostics.stale_spares_discarded == 1
 
-    wait_for(lambda: modes.pool.spare_count >= 1)  # a spare started under the new value
+    wait_for(lambda: diagnostics.spares >= 1)  # a spare started under the new value
     result = facade.run_sync(SHOW)
     assert result.content == "'set-after-the-spare-started'\n"
     assert result.details["kernel_source"] == "spare"  # an up-to-date spare is still used
 
-    wait_for(lambda: modes.pool.spare_count >= 1)
+    wait_for(lambda: diagnostics.spares >= 1)
     monkeypatch.delenv(VAR)  # a removed variable is gone on the very next call too
     result = facade.run_sync(SHOW)
     assert result.content == "None\n", result.content
-    assert modes.pool.stale_discarded == 2
+    assert diagnostics.stale_spares_discarded == 2
 
 
 def test_session_kernels_after_an_env_change(
@@ -107,11 +105,12 @@ def test_session_kernels_after_an_env_change(
     facade = own_tool(make_config(kernel_mode="session"))
     first = SessionScope("env-first", "agent", cwd=str(tmp_path))
     assert facade.run_sync("x = 1", scope=first).ok
-    engine = facade._engine
-    assert engine is not None
-    assert isinstance(engine.backend, LocalBackend)  # not a gateway
-    server = engine.backend._forkservers[facade.config.resolve_python()]
-    wait_for(lambda: server.ready)  # later kernels would be forked from this template
+    interpreter = facade.config.resolve_python()
+
+    def template_ready() -> bool:  # later kernels would be forked from this template
+        return any(t.ready for t in facade.diagnostics.templates if t.interpreter == interpreter)
+
+    wait_for(template_ready)
 
     monkeypatch.setenv(VAR, "new")
     monkeypatch.setenv("PYTHONPATH", str(probe_dir))  # read at interpreter startup only
@@ -187,7 +186,7 @@ def test_unusable_tmpdir_is_refused_per_call(
     assert problem in result.content
     assert result.details["error"] is True
     assert result.details["exit_code"] is None
-    assert facade._engine is None  # nothing started, nothing to clean up
+    assert not facade.diagnostics.started  # nothing started, nothing to clean up
 
     # Fixed: the next call just works. (Short path: ipc socket paths are limited to 107.)
     good = Path(tempfile.mkdtemp(prefix="lxt-", dir="/tmp"))
@@ -195,8 +194,9 @@ def test_unusable_tmpdir_is_refused_per_call(
         monkeypatch.setenv("TMPDIR", str(good))
         result = facade.run_sync("print('ran')")
         assert result.content == "ran\n"
-        assert facade._engine is not None
-        assert facade._engine.staging.path.parent == good
+        root = facade.diagnostics.staging_root
+        assert root is not None
+        assert root.parent == good
         facade.close()
     finally:
         shutil.rmtree(good, ignore_errors=True)
@@ -291,12 +291,12 @@ def test_runtime_dir_stays_0700(own_tool: Callable[..., ExecuteCode], fork_serve
     facade = own_tool(make_config(fork_server=fork_server, warm_kernels=1))
     for _ in range(2):  # with the fork server, later kernels are forked by the template
         assert facade.run_sync("print(1)").content == "1\n"
-    engine, modes = facade._engine, facade._modes
-    assert engine is not None and modes is not None
-    wait_for(lambda: modes.pool.spare_count >= 1)  # a live kernel: its file is there
-    runtime = engine.staging.runtime_dir
+    diagnostics = facade.diagnostics
+    wait_for(lambda: diagnostics.spares >= 1)  # a live kernel: its file is there
+    runtime = diagnostics.runtime_dir
+    assert runtime is not None
     assert mode_of(runtime) == 0o700  # not 01700: nothing chmods it after creation
-    engine.ensure_staging()  # the exact-0700 check holds
+    assert facade.run_sync("pass").ok  # each call checks the root: the exact-0700 check holds
     files = list(runtime.glob("kernel-*.json"))
     assert files
     assert all(mode_of(path) == 0o600 for path in files)

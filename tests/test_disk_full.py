@@ -26,6 +26,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.disk import runtime_base
 from lemon_exec.host.disk.staging import StagingRoot
+from lemon_exec.host.run.diagnostics import Diagnostics
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -112,13 +113,15 @@ def own_tool() -> Iterator[Callable[..., ExecuteCode]]:
         facade.close()
 
 
-def staging_of(facade: ExecuteCode) -> StagingRoot:
-    assert facade._modes is not None
-    return facade._modes.engine.staging
+def staging_of(facade: ExecuteCode) -> Diagnostics:
+    """The facade's diagnostics, once its staging root is made."""
+    assert facade.diagnostics.started
+    return facade.diagnostics
 
 
-def leftovers(root: StagingRoot) -> list[str]:
+def leftovers(root: Diagnostics) -> list[str]:
     """Run workspaces and spill files of the root (connection files come and go)."""
+    assert root.work_dir is not None and root.spill_dir is not None
     return sorted(p.name for p in (*root.work_dir.iterdir(), *root.spill_dir.iterdir()))
 
 
@@ -154,22 +157,25 @@ def test_per_call_on_a_full_disk_is_a_workspace_refusal(
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "cold"])
 def test_kernel_files_on_a_full_disk_are_a_staging_start_failure(
-    own_tool: Callable[..., ExecuteCode], disk: Disk, fork_server: bool
+    own_tool: Callable[..., ExecuteCode],
+    disk: Disk,
+    fork_server: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     facade = own_tool(fork_server=fork_server)
     assert facade.run_sync("pass").ok
     root = staging_of(facade)
-    made = root.new_workspace
+    made = StagingRoot.new_workspace
 
-    def then_fill(script: str | None = None) -> Path:
+    def then_fill(self: StagingRoot, script: str | None = None) -> Path:
         # The workspace is made; the disk fills before the kernel writes its own files.
-        workspace = made(script)
+        workspace = made(self, script)
         disk.fill()
         return workspace
 
-    root.new_workspace = then_fill  # type: ignore[method-assign]
-    result = facade.run_sync("open('ran', 'w').close()")
-    root.new_workspace = made  # type: ignore[method-assign]
+    with monkeypatch.context() as patch:
+        patch.setattr(StagingRoot, "new_workspace", then_fill)
+        result = facade.run_sync("open('ran', 'w').close()")
     assert result.content.startswith(WORKSPACE_REFUSED), result.content
     assert FULL in result.content and str(root.runtime_dir) in result.content
     assert result.details["startup_failed"] is True
@@ -190,7 +196,7 @@ def test_a_host_started_on_a_full_disk_refuses_then_recovers(
     result = facade.run_sync("print('must not run')")
     assert result.content.startswith(WORKSPACE_REFUSED), result.content
     assert FULL in result.content
-    assert facade._engine is None  # no half-made host kept
+    assert not facade.diagnostics.started  # no half-made host kept
     assert disk.contents() == ["filler"]  # its root was removed again
 
     disk.free()

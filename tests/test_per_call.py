@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import wait_until
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
@@ -50,14 +51,9 @@ PID_LINE = "import os\nprint(f'PID={os.getpid()}', flush=True)\n"
 
 def spare_ready(facade: ExecuteCode, seconds: float = 30.0) -> None:
     """Wait for a ready spare, so a short timeout_ms is not spent on a kernel start."""
-    if facade._modes is None:
+    if not facade.diagnostics.started:
         assert facade.run_sync("pass").ok  # starts the pool
-    modes = facade._modes
-    assert modes is not None
-    deadline = time.monotonic() + seconds
-    while modes.pool.spare_count < 1:
-        assert time.monotonic() < deadline, "no spare kernel got ready"
-        time.sleep(0.05)
+    assert wait_until(lambda: facade.diagnostics.spares >= 1, seconds), "no spare got ready"
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:
@@ -96,19 +92,17 @@ def _nothing_left(request: pytest.FixtureRequest, session_kernels: Callable[...,
     if "tool" not in request.fixturenames:
         return
     facade: ExecuteCode = request.getfixturevalue("tool")
-    engine = facade._engine
-    if engine is not None:
-        assert list(engine.staging.work_dir.iterdir()) == [], "a workspace was left behind"
+    diagnostics = facade.diagnostics
+    if diagnostics.work_dir is not None:
+        assert list(diagnostics.work_dir.iterdir()) == [], "a workspace was left behind"
     # Spares (more than WARM for a while after back-to-back runs) and spares still starting
     # are the pool's; any other kernel is a used one still running.
-    pool = facade._modes.pool if facade._modes is not None else None
 
     def used() -> set[int]:
-        spares = {k.pid for k in pool.all_spares()} if pool is not None else set()
-        return session_kernels(host=os.getpid()) - spares
+        return session_kernels(host=os.getpid()) - set(diagnostics.spare_pids)
 
     def starting() -> int:
-        return pool.starting if pool is not None else 0
+        return diagnostics.spares_starting
 
     deadline = time.monotonic() + 4.0
     settled = False  # a start may end between the two looks: look again
@@ -254,22 +248,25 @@ def test_workspace_connection_file_and_root_are_private(tool: ExecuteCode, tmp_p
         while not (started.exists() and started.read_text()) and time.monotonic() < deadline:
             time.sleep(0.01)
         assert started.exists(), "the script did not start"
-        staging = tool._engine.staging  # type: ignore[union-attr]
-        root = staging.path
-        for directory in (root, staging.runtime_dir, staging.spill_dir, staging.work_dir):
+        staging = tool.diagnostics
+        root, runtime_dir = staging.staging_root, staging.runtime_dir
+        spill_dir, work_dir = staging.spill_dir, staging.work_dir
+        assert root is not None and runtime_dir is not None
+        assert spill_dir is not None and work_dir is not None
+        for directory in (root, runtime_dir, spill_dir, work_dir):
             # jupyter_client adds the sticky bit to the connection file's directory.
             assert mode_of(directory) & 0o777 == 0o700, directory
         assert mode_of(root / "owner") == 0o600
-        workspaces = list(staging.work_dir.iterdir())
+        workspaces = list(work_dir.iterdir())
         assert len(workspaces) == 1, workspaces
         assert mode_of(workspaces[0]) == 0o700
         assert [p.name for p in workspaces[0].iterdir()] == ["script.py"]
         assert mode_of(workspaces[0] / "script.py") == 0o600
         assert (workspaces[0] / "script.py").read_text() == script
         connection_file = Path(started.read_text())
-        assert connection_file.parent == staging.runtime_dir
+        assert connection_file.parent == runtime_dir
         assert mode_of(connection_file) == 0o600
-        for path in staging.runtime_dir.glob("kernel-*"):
+        for path in runtime_dir.glob("kernel-*"):
             assert mode_of(path) == 0o600, path
     finally:
         release.touch()
@@ -296,7 +293,7 @@ def test_five_megabytes_of_output_are_truncated_and_spilled(tool: ExecuteCode) -
         + expected[-tail:]
         + f"[Full output saved to: {spill}]"
     )
-    assert spill.parent == tool._engine.staging.spill_dir  # type: ignore[union-attr]
+    assert spill.parent == tool.diagnostics.spill_dir
     assert spill.name.startswith("lemon-exec-output-")
     assert mode_of(spill) == 0o600
     assert spill.read_text() == expected
@@ -517,7 +514,7 @@ def refused(result: ExecuteCodeResult, text: str) -> None:
 def test_disabled_is_refused(own_tool: Callable[..., ExecuteCode]) -> None:
     facade = own_tool(make_config(enabled=False))
     refused(facade.run_sync("print('must not run')"), DISABLED)
-    assert facade._engine is None  # nothing was started for a disabled tool
+    assert not facade.diagnostics.started  # nothing was started for a disabled tool
 
 
 @pytest.mark.parametrize("script", [None, "", "   \n\t", 42, b"print(1)"])
@@ -606,7 +603,8 @@ def test_interpreter_without_ipykernel(
 def test_workspace_creation_failure_is_refused(own_tool: Callable[..., ExecuteCode]) -> None:
     facade = own_tool()
     assert facade.run_sync("print('warm-up')").ok
-    work_dir = facade._engine.staging.work_dir  # type: ignore[union-attr]
+    work_dir = facade.diagnostics.work_dir
+    assert work_dir is not None
     work_dir.chmod(0o500)  # no longer private as required: fails closed (a missing one is remade)
     try:
         result = facade.run_sync("print('must not run')")
@@ -654,7 +652,8 @@ def test_close_stops_every_kernel_and_removes_the_root(
     facade = own_tool(make_config(warm_kernels=2))
     result = facade.run_sync(PID_LINE)
     assert result.ok
-    root = facade._engine.staging.path  # type: ignore[union-attr]
+    root = facade.diagnostics.staging_root
+    assert root is not None
     deadline = time.monotonic() + 10  # let the spares start, so close() has work to do
     while len(session_kernels(host=os.getpid()) - before) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -9,11 +9,14 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+from support import pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.percall.pool import KernelPool
+from lemon_exec.host.run.diagnostics import TemplateInfo
 from lemon_exec.template.client import START_WAIT_S
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,13 +41,24 @@ async def _wait_spares(ec: ExecuteCode, count: int = 1, timeout: float = 20.0) -
         await asyncio.sleep(0.05)
 
 
-async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> None:
-    engine = ec._engine
-    assert engine is not None
-    assert isinstance(engine.backend, LocalBackend)  # not a gateway
-    servers = list(engine.backend._forkservers.values())
-    assert servers, "no fork server was started"
-    assert await servers[0].wait_ready(timeout)
+async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> TemplateInfo:
+    template = await ec.diagnostics.wait_template(timeout)
+    assert template is not None, "no fork server got ready"
+    return template
+
+
+@pytest.fixture
+def pools(monkeypatch: pytest.MonkeyPatch) -> list[KernelPool]:
+    """Every spare pool made while the test runs (to change how long a burst is held)."""
+    made: list[KernelPool] = []
+    make_pool = KernelPool.__init__
+
+    def recorded(self: KernelPool, *args: Any, **kwargs: Any) -> None:
+        make_pool(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(KernelPool, "__init__", recorded)
+    return made
 
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["fork", "popen"])
@@ -53,15 +67,14 @@ def test_every_run_gets_a_fresh_kernel(tmp_path: Path, fork_server: bool) -> Non
         config = ExecuteCodeConfig(enabled=True, warm_kernels=1, fork_server=fork_server)
         async with ExecuteCode(config) as ec:
             await ec.run("pass")  # spares are started for an interpreter once it is known
-            engine = ec._engine
-            assert engine is not None
             seen: list[dict] = []
             workspaces: list[set[str]] = []
             for i in range(3):
                 await _wait_spares(ec)
                 cwd = tmp_path / f"run{i}"
                 cwd.mkdir()
-                work = engine.staging.work_dir
+                work = ec.diagnostics.work_dir
+                assert work is not None
                 before = set(os.listdir(work))
                 result = await ec.run(PROBE, scope=SessionScope("unused", "a", str(cwd)))
                 assert result.details["kernel_source"] == "spare", result.details
@@ -83,17 +96,13 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
         config = ExecuteCodeConfig(enabled=True, warm_kernels=0, fork_server=True)
         async with ExecuteCode(config) as ec:
             await ec.run("pass")  # starts the fork server in the background
-            await _wait_fork_server(ec)
+            template = await _wait_fork_server(ec)
+            assert template.pid is not None
             info = _probe((await ec.run(PROBE)).content)
-            engine = ec._engine
-            assert engine is not None
-            assert isinstance(engine.backend, LocalBackend)  # not a gateway
-            template = next(iter(engine.backend._forkservers.values()))
-            assert template._proc is not None
             # Forked by the template, not launched by this process.
-            assert info["ppid"] == template._proc.pid
+            assert info["ppid"] == template.pid
             assert info["ppid"] != os.getpid()
-            template_pid = template._proc.pid
+            template_pid = template.pid
         # Closing the facade stops the template too.
         for _ in range(100):
             try:
@@ -116,9 +125,7 @@ def test_the_first_start_waits_for_the_starting_template_and_is_forked() -> None
             # The very first call starts the template and finds it starting: it waits for
             # it rather than launching a kernel of its own next to it.
             info = _probe((await ec.run(PROBE, scope=SessionScope("first", "a"))).content)
-            engine = ec._engine
-            assert engine is not None and isinstance(engine.backend, LocalBackend)
-            template = next(iter(engine.backend._forkservers.values()))
+            [template] = ec.diagnostics.templates
             assert template.pid is not None
             assert info["ppid"] == template.pid != os.getpid()
 
@@ -163,17 +170,15 @@ def test_dead_spare_is_never_handed_out() -> None:
         async with ExecuteCode(config) as ec:
             await ec.run("pass")
             await _wait_spares(ec)
-            assert ec._modes is not None
-            spare = ec._modes.pool.all_spares()[0]
-            assert spare.pid is not None
-            os.kill(spare.pid, signal.SIGKILL)
+            spare = ec.diagnostics.spare_pids[0]
+            os.kill(spare, signal.SIGKILL)
             for _ in range(100):  # wait until the process has really ended
-                if not await spare.is_alive():
+                if pid_gone(spare):
                     break
                 await asyncio.sleep(0.02)
             result = await ec.run(PROBE)
             assert result.ok, result.content
-            assert _probe(result.content)["pid"] != spare.pid
+            assert _probe(result.content)["pid"] != spare
             assert result.details["kernel_source"] == "cold"
 
     asyncio.run(main())
@@ -185,8 +190,7 @@ def test_closing_the_facade_stops_every_spare() -> None:
         ec = ExecuteCode(config)
         await ec.run("pass")
         await _wait_spares(ec, 2)
-        assert ec._modes is not None
-        pids = [k.pid for k in ec._modes.pool.all_spares() if k.pid is not None]
+        pids = list(ec.diagnostics.spare_pids)
         await ec.aclose()
         return pids
 
@@ -230,7 +234,7 @@ def test_kernels_skip_debugger_and_jedi_but_scripts_can_import_them() -> None:
     assert result.content == "[]\njedi debugpy\n", result.content
 
 
-def test_a_burst_waits_for_starting_spares_and_grows_the_pool() -> None:
+def test_a_burst_waits_for_starting_spares_and_grows_the_pool(pools: list[KernelPool]) -> None:
     """Back-to-back calls: one that finds no spare ready takes the one already starting
     (it ends sooner than a start of its own) and the pool keeps one more spare for a
     while (issue 17: sustained and concurrent per-call runs)."""
@@ -240,8 +244,7 @@ def test_a_burst_waits_for_starting_spares_and_grows_the_pool() -> None:
         async with ExecuteCode(config) as ec:
             await ec.run("pass")
             await _wait_spares(ec)
-            assert ec._modes is not None
-            pool = ec._modes.pool
+            [pool] = pools
             sources = []
             pids = set()
             for _ in range(3):
@@ -268,12 +271,11 @@ def test_the_replacement_spare_starts_after_the_run() -> None:
         async with ExecuteCode(config) as ec:
             await ec.run("pass")
             await _wait_spares(ec)
-            assert ec._modes is not None
-            pool = ec._modes.pool
+            diagnostics = ec.diagnostics
             run = asyncio.ensure_future(ec.run("import time; time.sleep(1.5)"))
             await asyncio.sleep(0.7)
             assert not run.done()
-            assert (pool.spare_count, pool.starting) == (0, 0)
+            assert (diagnostics.spares, diagnostics.spares_starting) == (0, 0)
             assert (await run).ok
             await _wait_spares(ec)
 

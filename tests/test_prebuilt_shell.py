@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
 from lemon_exec.kernel.prebuilt import _ModuleNames
 
 pytestmark = pytest.mark.timeout(120)
@@ -59,12 +58,9 @@ def _last_json(content: str) -> dict:
 async def _started_template(ec: ExecuteCode, scope: SessionScope) -> int:
     """Run once (which starts the fork server) and wait until the template is ready."""
     await ec.run("pass", scope=scope)
-    engine = ec._engine
-    assert engine is not None and isinstance(engine.backend, LocalBackend)
-    server = next(iter(engine.backend._forkservers.values()))
-    assert await server.wait_ready(20)
-    assert server._proc is not None
-    return server._proc.pid
+    template = await ec.diagnostics.wait_template(20)
+    assert template is not None and template.pid is not None
+    return template.pid
 
 
 def test_a_forked_kernel_adopts_the_template_shell_as_its_own(tmp_path: Path) -> None:

@@ -228,7 +228,8 @@ def test_async_context_manager_runs_and_cleans_up() -> None:
             abort = asyncio.Event()
             asyncio.get_running_loop().call_later(1.5, abort.set)
             second = await tool.run("import time\ntime.sleep(30)", abort=abort)
-            root = tool._engine.staging.path  # type: ignore[union-attr]
+            root = tool.diagnostics.staging_root
+            assert root is not None
         with pytest.raises(RuntimeError):
             await tool.run("print(1)")
         return first, second, updates, root

@@ -27,13 +27,14 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from support import enabled_config, mcp_call_execute_code
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels import sandbox as sandboxes
+from lemon_exec.host.kernels.local_backend import LocalBackend
 from lemon_exec.proc import supervise
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap]
@@ -90,10 +91,8 @@ def wait_forked(tool: ExecuteCode, scope: SessionScope | None = None) -> None:
     ready), and check that the next one in ``scope`` does. Per-call spares started from
     then on are forked too; a session's kernel is forked when the session starts after."""
     tool.run_sync("pass", scope=SessionScope("lsb-warm-up"))  # starts the template
-    assert tool._engine is not None
-    backend = cast(Any, tool._engine.backend)
     deadline = time.monotonic() + 60
-    while not any(s.ready for s in backend._forkservers.values()):
+    while not any(t.ready for t in tool.diagnostics.templates):
         assert time.monotonic() < deadline, "the sandboxed template never became ready"
         time.sleep(0.05)
     out = ""
@@ -217,19 +216,15 @@ def test_another_kernels_connection_file_is_unreadable(world: World) -> None:
     other = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
     try:
         other.run_sync("x = 1", scope=SessionScope("lsb-other"))
-        engine = other._engine
-        assert engine is not None
-        files = [k.connection_file for k in engine._live]  # type: ignore[attr-defined]
+        files = [str(k.connection_file) for k in other.diagnostics.kernels]
         assert files and all(Path(f).exists() for f in files)
         for path in files:
             out = world.run(attempt(f"open({path!r}).read()"))
             assert "BLOCKED" in out and '"key"' not in out, out
         # Nor the runtime directory of this facade's own spare kernel.
-        mine = world.tool._engine
-        assert mine is not None
-        listing = world.run(
-            "import os\n" + attempt(f"os.listdir({str(mine.staging.runtime_dir)!r})")
-        )
+        runtime_dir = world.tool.diagnostics.runtime_dir
+        assert runtime_dir is not None
+        listing = world.run("import os\n" + attempt(f"os.listdir({str(runtime_dir)!r})"))
         # Its own runtime directory (named by its id) is all it sees of the staging root.
         assert "OK:" in listing and "kernel-" not in listing, listing
     finally:
@@ -289,7 +284,6 @@ HOST = """
 import sys, time
 from pathlib import Path
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.template import client as forkserver
 fork = sys.argv[3] == "forked"
 tool = ExecuteCode(ExecuteCodeConfig(
     enabled=True, warm_kernels=0, python_path=sys.executable, sandbox=sys.argv[1],
@@ -298,7 +292,7 @@ tool = ExecuteCode(ExecuteCodeConfig(
 if fork:  # the script's kernel is then forked from the (sandboxed) template
     tool.run_sync("pass")
     deadline = time.monotonic() + 60
-    while not any(s.ready for s in forkserver.servers()) and time.monotonic() < deadline:
+    while not any(t.ready for t in tool.diagnostics.templates) and time.monotonic() < deadline:
         time.sleep(0.05)
 tool.run_sync(Path(sys.argv[2]).read_text())
 """
@@ -560,8 +554,7 @@ def test_a_cwd_that_is_tmpdir_sees_no_other_hosts_root(
     tool = ExecuteCode(make_config(kernel_mode="session", warm_kernels=0))
     try:
         other.run_sync("x = 1", scope=SessionScope("lsb-peer"))
-        assert other._engine is not None
-        files = [k.connection_file for k in other._engine._live]  # type: ignore[attr-defined]
+        files = [str(k.connection_file) for k in other.diagnostics.kernels]
         assert files and Path(files[0]).exists()
         scope = SessionScope("lsb-tmpdir", cwd=str(short_tmp))
         out = tool.run_sync(attempt(f"open({files[0]!r}).read()"), scope=scope).content
@@ -651,17 +644,30 @@ def test_an_interpreter_and_package_under_tmp_are_bound_back(tmp_path: Path) -> 
 # -- the fork server inside the sandbox --------------------------------------------------------
 
 
+@pytest.fixture
+def local_backends(monkeypatch: pytest.MonkeyPatch) -> list[LocalBackend]:
+    """Every local kernel backend made while the test runs (to probe its template sandbox)."""
+    made: list[LocalBackend] = []
+    make_backend = LocalBackend.__init__
+
+    def recorded(self: LocalBackend, *args: Any, **kwargs: Any) -> None:
+        make_backend(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(LocalBackend, "__init__", recorded)
+    return made
+
+
 def _template_of(tool: ExecuteCode) -> tuple[int, list[Any]]:
     """The PID of the tool's sandboxed template (bwrap's child) and its live kernels."""
-    engine = tool._engine
-    assert engine is not None
-    servers = [s for s in cast(Any, engine.backend)._forkservers.values() if s.ready]
+    servers = [t for t in tool.diagnostics.templates if t.ready]
     assert len(servers) == 1, "no ready fork server"
     server = servers[0]
     assert server.sandboxed == (SANDBOX == "bwrap")
+    assert server.pid is not None
     below = supervise.children(server.pid)  # bwrap's one child is the template
     template = below[0] if SANDBOX == "bwrap" else server.pid
-    return template, list(engine._live)
+    return template, list(tool.diagnostics.kernels)
 
 
 def _parent(pid: int) -> int:
@@ -704,13 +710,14 @@ def test_two_kernels_forked_from_one_template_cannot_reach_each_other(world: Wor
             out = tool.run_sync(mine, scope=scope).content
             conn[scope.session_id] = out.split("CONN:", 1)[1].split()[0]
         template, kernels = _template_of(tool)
-        by_file = {k.connection_file: k for k in kernels}
+        by_file = {str(k.connection_file): k for k in kernels}
         assert set(conn.values()) <= set(by_file), (conn, list(by_file))
         for path in conn.values():  # both from the one template
             assert _parent(by_file[path].pid) == template
         other = by_file[conn[b.session_id]]
         other_pids = [other.pid, *supervise.descendants(other.pid)]
-        work = tool._engine.staging.work_dir  # type: ignore[union-attr]
+        work = tool.diagnostics.work_dir
+        assert work is not None
         script = (
             "import os\n"
             + attempt(f"open({conn[b.session_id]!r}).read()")
@@ -758,7 +765,9 @@ def test_kernels_die_with_their_template(world: World) -> None:
         tool.close()
 
 
-def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) -> None:
+def test_a_sandboxed_template_forks_only_self_confining_kernels(
+    world: World, local_backends: list[LocalBackend]
+) -> None:
     """A plain fork request (no sandbox of its own) is refused by a sandboxed template: the
     host then starts that kernel cold under bwrap, never in the template's open view. And a
     template whose children cannot confine themselves never says it is ready."""
@@ -797,9 +806,8 @@ def test_a_sandboxed_template_forks_only_self_confining_kernels(world: World) ->
     tool = ExecuteCode(make_config(warm_kernels=0))
     try:
         wait_forked(tool)
-        engine = tool._engine
-        assert engine is not None
-        sandbox = cast(Any, engine.backend)._template_sandbox(sys.executable)
+        [backend] = local_backends
+        sandbox = backend._template_sandbox(sys.executable)
         assert sandbox is not None
         refused = asyncio.run(plain_request(sandbox))
         # A template whose children cannot confine themselves (here: the probe kernel's
@@ -877,7 +885,9 @@ def test_a_sandboxed_kernels_exit_status_is_its_own(world: World) -> None:
         assert result.details.get("exit_code") == expected, (script, result.details)
 
 
-def test_a_bind_source_swapped_for_a_symlink_is_refused(world: World) -> None:
+def test_a_bind_source_swapped_for_a_symlink_is_refused(
+    world: World, local_backends: list[LocalBackend]
+) -> None:
     """The host hands a forked kernel resolved paths; a script that can write where one lies
     (its working directory) could swap it for a symlink before the next kernel binds it. The
     kernel then refuses to start rather than bind what the link names into its view."""
@@ -920,9 +930,8 @@ def test_a_bind_source_swapped_for_a_symlink_is_refused(world: World) -> None:
     tool = ExecuteCode(make_config(warm_kernels=0))
     try:
         wait_forked(tool)
-        engine = tool._engine
-        assert engine is not None
-        sandbox = cast(Any, engine.backend)._template_sandbox(sys.executable)
+        [backend] = local_backends
+        sandbox = backend._template_sandbox(sys.executable)
         assert sandbox is not None
         status, stderr = asyncio.run(start_with_link(sandbox))
     finally:

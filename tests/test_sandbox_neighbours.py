@@ -24,9 +24,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, cast
 
 import pytest
+from conftest import wait_until
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
@@ -103,11 +103,9 @@ class Victim:
         )
         result = self.tool.run_sync("x = 1", scope=SessionScope("victim"))
         assert result.details.get("exit_code") == 0, result.content
-        engine = self.tool._engine
-        assert engine is not None
-        live = list(cast(Any, engine)._live)
+        live = self.tool.diagnostics.kernels
         assert len(live) == 1
-        self.connection_file = Path(live[0].connection_file)
+        self.connection_file = live[0].connection_file
         assert self.connection_file.exists()
         self.kernel_id = self.connection_file.stem.removeprefix("kernel-")
 
@@ -183,13 +181,10 @@ def _attack(
 
 
 def _wait_spare(tool: ExecuteCode) -> None:
-    engine = cast(Any, tool._engine)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if any(k.status.phase == "spare" for k in engine._live):
-            return
-        time.sleep(0.05)
-    raise AssertionError("no warm spare was started")
+    def spare_up() -> bool:
+        return any(k.phase == "spare" for k in tool.diagnostics.kernels)
+
+    assert wait_until(spare_up, 30), "no warm spare was started"
 
 
 @pytest.mark.parametrize("forked", [True, False], ids=["forked", "cold"])

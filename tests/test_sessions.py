@@ -25,7 +25,9 @@ import pytest
 from support import LoopThread, configured, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.host.kernels.engine import Engine
 from lemon_exec.host.run.results import FALLBACK_NOTE, fallback_failed_note, lost_line
+from lemon_exec.host.sessions.registry import SessionRegistry
 from lemon_exec.tools import PolicyDecision, ToolCall
 
 pytestmark = pytest.mark.timeout(60)
@@ -718,14 +720,25 @@ def test_startup_failed_falls_back(
     go(body())
 
 
-def test_registry_unavailable_falls_back(work: Path, go: Any) -> None:
+def test_registry_unavailable_falls_back(
+    work: Path, go: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registries: list[SessionRegistry] = []
+    make_registry = SessionRegistry.__init__
+
+    def recorded(self: SessionRegistry, *args: Any, **kwargs: Any) -> None:
+        make_registry(self, *args, **kwargs)
+        registries.append(self)
+
+    monkeypatch.setattr(SessionRegistry, "__init__", recorded)
+
     async def body() -> None:
         facade = make_facade()
         scope = scope_in(work, "registry")
         try:
             await facade.run("print(1)", scope=scope)
-            assert facade._modes is not None
-            await facade._modes.sessions.aclose()  # fault injection: the registry is gone
+            [registry] = registries
+            await registry.aclose()  # fault injection: the registry is gone
             result = await facade.run("print('still works')", scope=scope)
             _assert_fallback(result, "registry_unavailable")
             assert result.details["exit_code"] == 0
@@ -737,25 +750,23 @@ def test_registry_unavailable_falls_back(work: Path, go: Any) -> None:
 
 
 @pytest.mark.parametrize("fault", ["raises", "survives"])
-def test_stop_failed_on_reset_falls_back(work: Path, go: Any, fault: str) -> None:
+def test_stop_failed_on_reset_falls_back(
+    work: Path, go: Any, fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async def body() -> None:
         facade = make_facade()
         scope = scope_in(work, f"stop-failed-{fault}")
         try:
             await facade.run("x = 1", scope=scope)
-            engine = facade._engine
-            assert engine is not None
 
-            async def broken_stop(kernel: Any, **kwargs: Any) -> None:
+            async def broken_stop(self: Engine, kernel: Any, **kwargs: Any) -> None:
                 if fault == "raises":
                     raise RuntimeError("cannot stop")
                 # "survives": returns, but the kernel is still alive
 
-            engine.stop = broken_stop  # type: ignore[method-assign]
-            try:
+            with monkeypatch.context() as patch:  # every stop of the facade's engine fails
+                patch.setattr(Engine, "stop", broken_stop)
                 result = await facade.run("print('x' in globals())", scope=scope, reset=True)
-            finally:
-                del engine.stop
             _assert_fallback(result, "stop_failed")
             assert result.content.endswith("\n\nFalse\n")  # ran isolated, nothing replayed
             nxt = await facade.run("print('x' in globals())", scope=scope)

@@ -22,16 +22,18 @@ from pathlib import Path
 
 import pytest
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from lemon_exec import ExecuteCodeConfig
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.host.disk import hygiene
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.host.disk.spill_reaper import SpillReaper
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
+from lemon_exec.host.kernels.engine import Engine
 from lemon_exec.proc import supervise
 from lemon_exec.proc.host_teardown import teardown_dead_host
 from lemon_exec.proc.private_fs import write_owner_marker
+from lemon_exec.telemetry import Telemetry
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -336,14 +338,14 @@ def test_the_engine_reaps_once_per_window(short_tmp: Path, dead_pid: int) -> Non
         spill(stale / "spill", f"{i:04d}", 2 * DAY, now)
 
     async def boot() -> None:
-        tool = ExecuteCode(ExecuteCodeConfig(enabled=True), staging_base=short_tmp)
+        # The node boots (its kernel supervisor is made): one batch of 1,000 entries.
+        engine = Engine(ExecuteCodeConfig(enabled=True), Telemetry(), short_tmp)
         try:
-            engine = tool._ensure_engine()  # the node boots: one batch of 1,000 entries
             assert len(os.listdir(stale / "spill")) == 200
             assert engine.reaper.run() is None  # the hourly check, within the same window
             assert len(os.listdir(stale / "spill")) == 200
         finally:
-            await tool.aclose()
+            await engine.aclose()
 
     asyncio.run(boot())
     assert stale.exists()

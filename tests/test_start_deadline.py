@@ -46,8 +46,7 @@ def marker_script(marker: Path) -> str:
 def wait_no_kernels(ec: ExecuteCode, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        engine = ec._engine
-        if engine is not None and engine.live_kernels == 0 and not kernel_pids():
+        if ec.diagnostics.live_kernels == 0 and not kernel_pids():
             return
         time.sleep(0.05)
     raise AssertionError(f"kernels left: {kernel_pids()}")

@@ -18,19 +18,14 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(90)
 
 
 async def _template_pid(ec: ExecuteCode) -> int:
-    engine = ec._engine
-    assert engine is not None and isinstance(engine.backend, LocalBackend)
-    servers = list(engine.backend._forkservers.values())
-    assert servers and await servers[0].wait_ready(20)
-    pid = servers[0].pid
-    assert pid is not None
-    return pid
+    template = await ec.diagnostics.wait_template(20)
+    assert template is not None and template.pid is not None
+    return template.pid
 
 
 def test_a_stopped_kernel_is_not_reported_as_a_dropped_connection(

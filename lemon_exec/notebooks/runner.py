@@ -41,6 +41,7 @@ from lemon_exec.details import Outcome, outcome_of
 from lemon_exec.facade import ExecuteCode
 from lemon_exec.notebooks.normalize import SCENARIO_DIR_PREFIX, Normalizer, Record
 from lemon_exec.scope import SessionScope
+from lemon_exec.tools import ToolRegistry
 
 __all__ = [
     "METADATA_KEY",
@@ -327,12 +328,15 @@ async def run_scenario(
     path: str | os.PathLike[str] | None = None,
     progress: Callable[[CallRecord], None] | None = None,
     keep_cwd: bool = False,
+    tools: ToolRegistry | None = None,
 ) -> ScenarioResult:
     """Run every non-empty code cell of ``nb`` as one execute_code call, in order.
 
     ``path`` is where the notebook lives (for ``cwd: "notebook"`` and messages);
     ``progress`` is called after each call. The scenario's temporary folder is removed
-    afterwards unless ``keep_cwd``. Raises :class:`ScenarioError` for invalid metadata.
+    afterwards unless ``keep_cwd``. ``tools`` is the registry the cells call (as
+    ``ExecuteCode(tools=...)``; the five default helpers when None).
+    Raises :class:`ScenarioError` for invalid metadata.
     """
     options = ScenarioOptions.from_metadata(nb.metadata)
     name = Path(path).stem if path is not None else "notebook"
@@ -351,7 +355,7 @@ async def run_scenario(
             mode = cell_options.mode or options.default_mode
             facade = facades.get(mode)
             if facade is None:
-                facade = facades[mode] = ExecuteCode(configs[mode])
+                facade = facades[mode] = ExecuteCode(configs[mode], tools=tools)
             notes: list[str] = []
             scope = SessionScope(f"scenario:{name}:{cell_options.session}", "notebook", cwd)
             result = await facade.run(

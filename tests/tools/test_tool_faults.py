@@ -108,7 +108,7 @@ def test_script_timeout_fires_on_time_during_a_catastrophic_grep(
                 ec.run(f"grep({CATASTROPHIC!r}, 'f.txt')", scope=scope, timeout_ms=3000)
             )
             elapsed = time.monotonic() - started
-            pids = ec._tool_host.worker_pids()
+            pids = set(ec.diagnostics.tool_worker_pids)
         return result, elapsed, gap, pids
 
     result, elapsed, gap, pids = asyncio.run(main())

@@ -93,6 +93,11 @@ class CellResult:
         """Whether the kernel's state survives (the spec's state-retention table)."""
         return self.end in ("ok", "exit", "exception")
 
+    @property
+    def untrusted(self) -> bool:
+        """Whether the cell's own output may hold third-party text (it fetched, or may have)."""
+        return "webfetch" in self.stats.tools or self.stats.accounting_loss
+
 
 class _CellSink:
     """Receives the cell's IOPub messages and its execute reply."""

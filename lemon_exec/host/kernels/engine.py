@@ -223,6 +223,11 @@ class Engine:
         self.index.touch()
 
     @property
+    def live(self) -> frozenset[KernelHandle]:
+        """The kernels started and not yet confirmed stopped."""
+        return frozenset(self._live)
+
+    @property
     def live_kernels(self) -> int:
         return len(self._live)
 

@@ -81,6 +81,10 @@ class LocalBackend:
         """Whether kernels start in a sandbox, whose view of the filesystem is fixed at start."""
         return self._sandbox is not None
 
+    def templates(self) -> dict[str, ForkServer]:
+        """The current fork-server template of each interpreter (retired ones left out)."""
+        return dict(self._forkservers)
+
     async def start(
         self, interpreter: str, cwd: str, *, env: dict[str, str], timeout: float
     ) -> ManagedKernel:

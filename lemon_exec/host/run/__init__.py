@@ -1,1 +1,1 @@
-"""The run router: one call in, per-call or session, and the result out."""
+"""The runner: every call in (facade or session owner), per-call or session, and the result out."""

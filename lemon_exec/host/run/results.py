@@ -36,7 +36,6 @@ __all__ = [
     "WEBFETCH_NOTICE",
     "build_result",
     "cell_outcome",
-    "cell_untrusted",
     "fallback_failed_note",
     "fallback_note",
     "headline",
@@ -143,11 +142,6 @@ def fallback_note(reason: str) -> str:
 def fallback_failed_note(reason: str) -> str:
     """The result's first line when a session call's isolated fallback could not run either."""
     return FALLBACK_FAILED_NOTE.format(reason=reason)
-
-
-def cell_untrusted(cell: CellResult) -> bool:
-    """Whether the cell's own output may hold third-party text (it fetched, or may have)."""
-    return "webfetch" in cell.stats.tools or cell.stats.accounting_loss
 
 
 def build_result(

@@ -2,131 +2,49 @@
 strict LRU capacity and idle reaping (spec "session (opt-in)" to "Bounds and reaping").
 
 Everything runs on the facade's event loop, so the registry needs no locks: each state change
-happens between two awaits. Terms:
+happens between two awaits. Keys and entries are in :mod:`~lemon_exec.host.sessions.entries`;
+an owner is a caller's handle (:class:`lemon_exec.session.SessionOwner`), known here by its id,
+whose bindings live in :mod:`~lemon_exec.host.sessions.owners`; kernels on their way out are
+counted by :mod:`~lemon_exec.host.sessions.stops`.
 
-- **key**: session id, agent id, canonical cwd, canonical interpreter, helper set and protocol
-  version. The kernel id shown to people is an HMAC of it under a per-host salt.
-- **entry** (:class:`SessionKernel`): one kernel slot for a key (or a fork of it): the kernel,
-  its phase, owners, FIFO queue (:mod:`~lemon_exec.host.sessions.queue`), and why state was
-  last lost.
-- **owner**: a caller's handle (:class:`lemon_exec.session.SessionOwner`); bindings live in
-  :mod:`~lemon_exec.host.sessions.owners`.
+A call reaches the registry with its cell request already made: the registry names the cell
+(``cellN.py``), adds the queue's abort, and runs it on the entry's kernel itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import itertools
-import os
 import secrets
 import time
-from collections import deque
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import replace
 from typing import Any
 
-from lemon_exec.config import ExecuteCodeConfig, canonical_python
+from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.host.cell import execute as cells
 from lemon_exec.host.kernels.backend import KernelHandle
 from lemon_exec.host.kernels.engine import Engine
 from lemon_exec.host.kernels.start_race import StartLeft, start_within
-from lemon_exec.host.run.results import cell_untrusted
 from lemon_exec.host.sessions import queue as session_queue
+from lemon_exec.host.sessions.entries import Fallback, SessionKernel, SessionKey, SessionRun
 from lemon_exec.host.sessions.owners import OwnerBindings
 from lemon_exec.host.sessions.queue import QueueLeft, Ticket
-from lemon_exec.scope import AbortSignal, SessionScope
-from lemon_exec.wire import protocol
+from lemon_exec.host.sessions.stops import Stops
+from lemon_exec.scope import AbortSignal
+from lemon_exec.tools import ToolHost
 
-#: Runs one cell on a kernel (the modes' runner, with the tool host behind the bridge).
-CellRunner = Callable[[KernelHandle, cells.CellRequest], Awaitable[cells.CellResult]]
-
-
-class Fallback(Exception):
-    """Session mode cannot run this call; run it per-call instead (before any code started)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-@dataclass(frozen=True)
-class SessionKey:
-    session_id: str
-    agent_id: str
-    cwd: str
-    interpreter: str
-    helpers: tuple[str, ...]
-    protocol: int = protocol.PROTOCOL_VERSION
-
-    @classmethod
-    def build(
-        cls, scope: SessionScope, cwd: Path, interpreter: str, helpers: tuple[str, ...]
-    ) -> SessionKey:
-        return cls(
-            str(scope.session_id),
-            str(scope.agent_id),
-            str(Path(cwd).resolve()),
-            interpreter_identity(interpreter),
-            helpers,
-        )
-
-    def kernel_id(self, salt: bytes, fork: int) -> str:
-        """An opaque id, safe as a file name, that reveals nothing of the key."""
-        material = repr((self, fork)).encode("utf-8", "surrogatepass")
-        return hmac.new(salt, material, hashlib.sha256).hexdigest()[:20]
-
-
-@dataclass(eq=False)  # identity semantics: entries live in sets
-class SessionKernel:
-    key: SessionKey
-    kernel_id: str
-    fork: int
-    kernel: KernelHandle | None = None
-    phase: str = "empty"  # empty | starting | idle | running | stopping
-    owners: set[int] = field(default_factory=set)
-    queue: deque[Ticket] = field(default_factory=deque)
-    active: Ticket | None = None
-    created: float = field(default_factory=time.monotonic)
-    last_used: float = field(default_factory=time.monotonic)
-    cells_run: int = 0
-    lost_reason: str | None = None  # why the previous kernel's state is gone
-    interpreter: str = ""  # the path to launch: a venv's python must not be resolved
-    # The live kernel's state may hold untrusted data (a call fetched web content): every
-    # later result from it is untrusted. Only a new kernel (reset, crash, eviction) clears it.
-    tainted: bool = False
-
-    @property
-    def busy(self) -> bool:
-        return (
-            self.active is not None
-            or bool(self.queue)
-            or self.phase in ("starting", "running", "stopping")
-        )
-
-    @property
-    def holds_kernel(self) -> bool:
-        return self.kernel is not None or self.phase == "starting"
-
-
-@dataclass
-class SessionRun:
-    cell: cells.CellResult
-    details: dict[str, Any]
-    tainted: bool = False  # the kernel held untrusted data before this cell ran
+__all__ = ["Fallback", "SessionKernel", "SessionKey", "SessionRegistry", "SessionRun"]
 
 
 class SessionRegistry:
     """Key → kernel entries, owners, queues, LRU eviction and the idle reaper."""
 
-    def __init__(self, engine: Engine, config: ExecuteCodeConfig, run_cell: CellRunner) -> None:
+    def __init__(self, engine: Engine, config: ExecuteCodeConfig, tool_host: ToolHost) -> None:
         self._engine = engine
         self.config = config
-        self._run_cell = run_cell
+        self._tool_host = tool_host
         self._salt = secrets.token_bytes(16)
         self._shared: dict[SessionKey, SessionKernel] = {}
         self._bindings: OwnerBindings[SessionKey, SessionKernel] = OwnerBindings()
@@ -136,12 +54,7 @@ class SessionRegistry:
         self._closed = False
         self.evicted_total = 0
         self.reaped_total = 0
-        # Kernels being stopped, until their process is confirmed gone: they still count
-        # against max_live_kernels (strict cap). The task is the stop attempt.
-        self._stopping: dict[KernelHandle, asyncio.Task[bool]] = {}
-        # Starts given up when their call's deadline passed or it was aborted, until their
-        # process is gone (start_race cancels them in the background): they count too.
-        self._settling: set[asyncio.Future[None]] = set()
+        self._stops = Stops(engine)  # kernels still counted against the cap while they go
 
     # -- running a cell ----------------------------------------------------------------------
 
@@ -149,13 +62,18 @@ class SessionRegistry:
         self,
         owner_id: int,
         key: SessionKey,
-        request_for: Callable[[str], cells.CellRequest],
+        request: cells.CellRequest,
         *,
         reset: bool,
-        deadline: float,
         abort: AbortSignal | None,
         interpreter: str = "",
     ) -> SessionRun:
+        """Run ``request`` on the owner's kernel for ``key``, queued behind earlier calls.
+
+        Raises :class:`Fallback` (run it per-call), ``SessionBusyError`` (queue full),
+        :class:`QueueLeft` or ``OwnerGone`` (left before it started): nothing ran.
+        """
+        deadline = request.deadline
         if self._closed:
             raise Fallback("registry_unavailable")
         self._ensure_reaper()
@@ -184,16 +102,19 @@ class SessionRegistry:
                 await self._start(entry, deadline, abort)
             assert entry.kernel is not None
             self._set_phase(entry, "running")
-            request = request_for(f"cell{entry.cells_run + 1}.py")
-            request.aborts = (*request.aborts, ticket.abort)
+            cell = replace(
+                request,
+                filename=f"cell{entry.cells_run + 1}.py",
+                aborts=(*request.aborts, ticket.abort),
+            )
             try:
-                result = await self._run_cell(entry.kernel, request)
+                result = await cells.run_cell(entry.kernel, cell, self._tool_host)
             except asyncio.CancelledError:
                 self._discard(entry, "cancelled")  # caller death while active
                 raise
             entry.cells_run += 1
             entry.last_used = time.monotonic()
-            entry.tainted = result.kernel_reusable and (tainted or cell_untrusted(result))
+            entry.tainted = result.kernel_reusable and (tainted or result.untrusted)
             if result.kernel_reusable:
                 self._set_phase(entry, "idle")
             else:
@@ -258,7 +179,7 @@ class SessionRegistry:
         entry.phase = "stopping"
         try:
             # Shielded: a caller that dies meanwhile must not leave the stop half done.
-            gone = await asyncio.shield(self._retire(kernel, "reset", entry.cells_run))
+            gone = await asyncio.shield(self._stops.retire(kernel, "reset", entry.cells_run))
         finally:
             entry.phase = "empty"
         if not gone:
@@ -273,13 +194,7 @@ class SessionRegistry:
         await self._admit(entry, deadline, abort)
         entry.phase = "starting"  # no await since _admit's check: the slot is ours
         engine = self._engine
-        settling: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def settled() -> None:
-            self._settling.discard(settling)
-            if not settling.done():
-                settling.set_result(None)
-
+        settling, settled = self._stops.start_tracker()
         try:
             # The start counts against the call's deadline and abort (start_race).
             entry.kernel = await start_within(
@@ -294,27 +209,23 @@ class SessionRegistry:
             )
         except StartLeft as left:
             entry.phase = "empty"
-            self._count_settling(settling)
+            self._stops.count_settling(settling)
             raise QueueLeft(left.why, "start") from None
         except LemonExecError as exc:
             entry.phase = "empty"
             raise Fallback("startup_failed") from exc
         except BaseException:  # the caller went away: start_within gave the start up
             entry.phase = "empty"
-            self._count_settling(settling)
+            self._stops.count_settling(settling)
             raise
         entry.kernel.status.public_id = entry.kernel_id
         self._set_phase(entry, "idle")
         entry.cells_run = 0
         entry.lost_reason = None
 
-    def _count_settling(self, settling: asyncio.Future[None]) -> None:
-        if not settling.done():  # its process may still be there: it counts until gone
-            self._settling.add(settling)
-
     async def _discard_late(self, kernel: KernelHandle) -> None:
         """Stop a kernel whose start ended after its call left; it counts until gone."""
-        await self._retire(kernel, "discarded", 0)
+        await self._stops.retire(kernel, "discarded", 0)
 
     def _set_phase(self, entry: SessionKernel, phase: str) -> None:
         entry.phase = phase
@@ -333,18 +244,15 @@ class SessionRegistry:
         kernels already being stopped to end (the 1 s grace periods bound that). Falls back
         (``capacity_exhausted``) only when nothing is evictable and nothing is stopping.
         """
+        stops = self._stops
         while True:
-            await self._prune_stopping()
+            await stops.prune()
             live = [e for e in self._entries if e.holds_kernel and e is not entry]
-            stopping = len(self._stopping) + len(self._settling)
-            over = len(live) + stopping + 1 - self.config.max_live_kernels
+            over = len(live) + len(stops) + 1 - self.config.max_live_kernels
             if over <= 0:
                 return
-            pending: list[asyncio.Future[Any]] = [
-                task for task in self._stopping.values() if not task.done()
-            ]
-            pending += self._settling
-            idle = [e for e in live if e.phase == "idle" and e.active is None and not e.queue]
+            pending = stops.pending()
+            idle = [e for e in live if e.evictable]
             if len(pending) < over and idle:  # the stops under way do not free enough
                 victim = min(idle, key=lambda e: e.last_used)
                 self.evicted_total += 1
@@ -352,49 +260,7 @@ class SessionRegistry:
                 continue
             if not pending:  # only running work, or kernels whose stop failed
                 raise Fallback("capacity_exhausted")
-            await self._wait_stopped(pending, deadline, abort)
-
-    async def _wait_stopped(
-        self, pending: list[asyncio.Future[Any]], deadline: float, abort: AbortSignal | None
-    ) -> None:
-        """Wait for one of ``pending`` to end; leave (nothing ran) on deadline or abort."""
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise QueueLeft("timeout", "capacity")
-        if abort is not None and abort.is_set():
-            raise QueueLeft("cancelled", "capacity")
-        # A short tick: a threading.Event abort can only be polled.
-        await asyncio.wait(pending, timeout=min(0.1, remaining))
-
-    async def _prune_stopping(self) -> None:
-        """Forget stop attempts that ended with the process gone."""
-        for kernel, task in list(self._stopping.items()):
-            if task.done() and not await kernel.is_alive():
-                self._stopping.pop(kernel, None)
-
-    def _retire(self, kernel: KernelHandle, reason: str, cells_run: int) -> asyncio.Task[bool]:
-        """Stop ``kernel`` in the background; it counts as stopping until confirmed gone."""
-        task = self._engine.spawn(self._stop_kernel(kernel, reason, cells_run))
-        self._stopping[kernel] = task
-        return task
-
-    async def _stop_kernel(self, kernel: KernelHandle, reason: str, cells_run: int) -> bool:
-        """One stop attempt; True once the process is confirmed gone."""
-        with contextlib.suppress(Exception):  # a failed stop leaves the kernel counted
-            await self._engine.stop(kernel, reason=reason, mode="session", cells_run=cells_run)
-        try:
-            gone = not await kernel.is_alive()
-        except Exception:
-            gone = False
-        if gone and self._stopping.get(kernel) is asyncio.current_task():
-            del self._stopping[kernel]
-        return gone
-
-    def _retry_stuck(self) -> None:
-        """Try again to stop kernels whose earlier stop attempt left them running."""
-        for kernel, task in list(self._stopping.items()):
-            if task.done() and not task.cancelled() and task.result() is False:
-                self._retire(kernel, "discarded", 0)
+            await stops.wait_one(pending, deadline, abort)
 
     # -- stopping ----------------------------------------------------------------------------
 
@@ -416,7 +282,7 @@ class SessionRegistry:
         entry.phase = "empty"
         entry.lost_reason = lost or reason
         if kernel is not None:
-            self._retire(kernel, reason, entry.cells_run)
+            self._stops.retire(kernel, reason, entry.cells_run)
         entry.cells_run = 0
         if not keep_entry or not entry.owners:
             self._drop_entry(entry)
@@ -452,7 +318,7 @@ class SessionRegistry:
             timeout_s = self.config.kernel_idle_timeout_ms / 1000
             await asyncio.sleep(max(0.05, min(timeout_s / 4, 30.0)))
             self.reap_idle()
-            self._retry_stuck()
+            self._stops.retry_stuck()
 
     def reap_idle(self, now: float | None = None) -> int:
         """Stop kernels idle for longer than kernel_idle_timeout_ms; running work never."""
@@ -460,13 +326,7 @@ class SessionRegistry:
         timeout_s = self.config.kernel_idle_timeout_ms / 1000
         reaped = 0
         for entry in list(self._entries):
-            if (
-                entry.kernel is not None
-                and entry.phase == "idle"
-                and entry.active is None
-                and not entry.queue
-                and now - entry.last_used > timeout_s
-            ):
+            if entry.evictable and now - entry.last_used > timeout_s:
                 self.reaped_total += 1
                 reaped += 1
                 self._stop_entry(entry, "reaped", keep_entry=True)
@@ -480,7 +340,7 @@ class SessionRegistry:
                 phases[entry.phase] += 1
         # Kernels being stopped (timeout, crash, eviction, reaping, reset, owners gone) until
         # their process is confirmed gone; they count against the cap with ``live``.
-        phases["stopping"] = len(self._stopping) + len(self._settling)
+        phases["stopping"] = len(self._stops)
         return {
             "live": sum(1 for e in self._entries if e.holds_kernel),
             "capacity": self.config.max_live_kernels,
@@ -505,16 +365,3 @@ class SessionRegistry:
             session_queue.close(entry)  # the active cell's kernel is discarded as it ends
             if not active:
                 self._stop_entry(entry, "closed")
-
-
-def interpreter_identity(interpreter: str) -> str:
-    """The interpreter part of a key: its canonical path, plus the venv it runs in.
-
-    A venv's ``bin/python`` is a symlink to the base interpreter; resolved alone it would
-    share a key (and a kernel) with the base install, whose packages differ.
-    """
-    canonical = canonical_python(interpreter)
-    venv = Path(os.path.abspath(interpreter)).parent.parent
-    if (venv / "pyvenv.cfg").is_file():
-        return f"{canonical} (venv {venv.resolve()})"
-    return canonical
