@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lemon_exec._constants import SPILL_PREFIX
+from lemon_exec._sizes import format_size
 from lemon_exec.proc.private_fs import describe_os_error
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "CapturedOutput",
     "OutputCapture",
     "decode_bytes",
-    "format_size",
     "format_truncated_output",
     "sanitize",
 ]
@@ -64,18 +64,6 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Longest unfinished sequence held back between chunks. Past it the sequence is treated as
 # finished (and dropped) so a stray "ESC ]" cannot make the capture hold output forever.
 _MAX_CARRY = 4096
-
-
-def format_size(n: int) -> str:
-    """``n`` bytes for people: "512 bytes", "64.0 KiB", "1.0 GiB"."""
-    if n < 1024:
-        return f"{n} bytes"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f} {unit}"
 
 
 def decode_bytes(data: bytes) -> str:

@@ -30,10 +30,9 @@ from typing import Any
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from lemon_exec.errors import KernelStartError
-from lemon_exec.host.cell.output import format_size
 from lemon_exec.host.disk.index import KernelStatus
 from lemon_exec.host.kernels import gateway_client as client
-from lemon_exec.host.kernels.backend import MessageSink
+from lemon_exec.host.kernels.backend import MessageSink, drop_note
 from lemon_exec.host.kernels.gateway_client import Gateway
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.wire import protocol
@@ -255,7 +254,7 @@ class GatewayKernel:
                     break
                 _quickack(self._socket)
                 if len(raw) > MAX_MESSAGE_BYTES:
-                    self._dropped(client.peek_channel(raw), _drop_note(len(raw)))
+                    self._dropped(client.peek_channel(raw), drop_note(len(raw)))
                 else:
                     self._handle(raw)
                 # Yield: a flood of queued messages must not starve the cells' watchdog.
@@ -332,13 +331,6 @@ class GatewayKernel:
                 sink.on_protocol_fault("websocket", reason)
             except Exception:
                 log.exception("error reporting a protocol fault")
-
-
-def _drop_note(size: int) -> str:
-    return (
-        f"[a {format_size(size)} message from the kernel was dropped: over the "
-        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit]"
-    )
 
 
 def _tcp_socket(conn: WebSocketClientConnection) -> socket.socket | None:

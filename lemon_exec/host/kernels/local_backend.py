@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.cell import execute as cells
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.kernels import sandbox as sandboxes
-from lemon_exec.host.kernels.backend import KernelHandle
+from lemon_exec.host.kernels.backend import KernelHandle, dispose
 from lemon_exec.host.kernels.local_kernel import ManagedKernel
 from lemon_exec.host.kernels.resource_limits import KernelCgroup, Limiter, LimitSpec
 from lemon_exec.template.client import START_WAIT_S, ForkServer
@@ -149,7 +148,7 @@ class LocalBackend:
         await kernel.signal_group(signal.SIGINT)
 
     async def stop(self, kernel: KernelHandle) -> None:
-        await cells.dispose(kernel)
+        await dispose(kernel)
         if kernel in self._cgroups:
             self._limiter.release(self._cgroups.pop(kernel))
 

@@ -39,10 +39,9 @@ from jupyter_client.manager import AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
-from lemon_exec.host.cell.output import format_size
 from lemon_exec.host.disk import external, hygiene
 from lemon_exec.host.disk.index import KernelStatus
-from lemon_exec.host.kernels.backend import MessageSink
+from lemon_exec.host.kernels.backend import MessageSink, drop_note
 from lemon_exec.host.kernels.connfile import PrivateKernelManager
 from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, LemonKernelSpecManager
 from lemon_exec.host.kernels.link_end import LinkEnd
@@ -109,7 +108,7 @@ class ManagedKernel:
         self.fault: str | None = None
         #: How many messages failed their signature check or were malformed.
         self.invalid_messages = 0
-        #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
+        #: When the host last sent SIGINT (backend.dispose honours the grace period from then).
         self.interrupted_at: float | None = None
         #: Its resource-limit cgroup, set by the backend once it is placed there.
         self.cgroup: KernelCgroup | None = None
@@ -391,7 +390,7 @@ class ManagedKernel:
             asyncio.create_task(
                 self._link.serve(
                     lambda frames: self._take("IOPub", frames, session, self._route_iopub),
-                    lambda size: self._dropped("IOPub", _drop_note(size)),
+                    lambda size: self._dropped("IOPub", drop_note(size)),
                     self._link_ended,
                 )
             )
@@ -469,7 +468,7 @@ class ManagedKernel:
         size = sum(len(frame) for frame in frames)
         if size > MAX_MESSAGE_BYTES:
             del frames
-            self._dropped(name, _drop_note(size))
+            self._dropped(name, drop_note(size))
             return
         try:
             msg = protocol.unpack_signed(session, frames)
@@ -502,7 +501,7 @@ class ManagedKernel:
             await asyncio.sleep(_DISCONNECT_SETTLE_S)
             if await self.is_alive():
                 log.warning("kernel %s: %s connection dropped; reconnected", self.kernel_id, name)
-                self._dropped(name, _drop_note(None, lost_around=True))
+                self._dropped(name, drop_note(None, lost_around=True))
 
     def _dropped(self, channel: str, note: str) -> None:
         for sink in list(self._sinks.values()):
@@ -579,18 +578,6 @@ def shared_context() -> zmq.asyncio.Context:
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
     return _CONTEXT
-
-
-def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
-    """The line a cell's output gets when the host refused a message from the kernel."""
-    what = f"a {format_size(size)} message" if size is not None else "a message"
-    note = (
-        f"[{what} from the kernel was dropped: over the "
-        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit"
-    )
-    if lost_around:
-        note += "; output sent while the host reconnected (a few ms) may be missing too"
-    return note + "]"
 
 
 def _fault_reason(exc: Exception) -> str:
