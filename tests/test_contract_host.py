@@ -26,7 +26,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 from lemon_exec.template.client import START_WAIT_S
 
 pytestmark = pytest.mark.timeout(120)

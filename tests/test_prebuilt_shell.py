@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 from lemon_exec.kernel.prebuilt import _ModuleNames
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,7 +18,7 @@ import pytest
 from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -3,10 +3,11 @@
 A backend starts a kernel and hands back a :class:`KernelHandle`, which carries the
 kernel's channels (execute a cell, route its messages to a sink, send bridge replies) and
 its signals (interrupt, terminate). The engine supervises handles (tracking, telemetry,
-the index); modes and the comm bridge only ever see handles. Today's implementation is
-:class:`lemon_exec.host.kernels.local_backend.LocalBackend` (local processes over zmq ipc, forked
-from a per-interpreter fork server when one is ready); a sandboxed or gateway backend
-implements the same two protocols and nothing above the engine changes.
+the index); modes and the comm bridge only ever see handles. There are two:
+:class:`lemon_exec.host.kernels.local.backend.LocalBackend` (local processes over zmq ipc,
+forked from a per-interpreter fork server when one is ready) and
+:class:`lemon_exec.host.kernels.gateway.backend.GatewayBackend` (kernels a Jupyter Enterprise
+Gateway runs); nothing above the engine knows which one it has.
 """
 
 from __future__ import annotations
@@ -45,13 +46,20 @@ class KernelHandle(Protocol):
     kernel_id: str
     started_at: float  # time.monotonic() at start
     status: KernelStatus  # what the kernel index records for it
-    #: Why the kernel is no longer trusted (its first protocol fault), or None.
-    fault: str | None
-    invalid_messages: int
     #: When the host last interrupted it (stopping honours the grace period from then).
     interrupted_at: float | None
     #: Its resource-limit cgroup (lemon_exec.host.kernels.resource_limits), or None.
     cgroup: KernelCgroup | None
+
+    @property
+    def fault(self) -> str | None:
+        """Why the kernel is no longer trusted (its first protocol fault), or None."""
+        ...
+
+    @property
+    def invalid_messages(self) -> int:
+        """How many messages failed their signature check or were malformed."""
+        ...
 
     @property
     def pid(self) -> int | None: ...

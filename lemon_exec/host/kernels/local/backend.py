@@ -1,7 +1,7 @@
 """The local kernel backend: kernel processes on this machine, over zmq ipc.
 
 Kernels are launched through jupyter_client
-(:class:`~lemon_exec.host.kernels.local_kernel.ManagedKernel`)
+(:class:`~lemon_exec.host.kernels.local.kernel.ManagedKernel`)
 with their connection files in the host's private runtime directory. Once an
 interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s), kernels
 are forked from it instead of started cold. A start that finds it still starting waits for
@@ -30,7 +30,7 @@ from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.host.kernels.backend import KernelHandle, dispose
-from lemon_exec.host.kernels.local_kernel import ManagedKernel
+from lemon_exec.host.kernels.local.kernel import ManagedKernel
 from lemon_exec.host.kernels.resource_limits import KernelCgroup, Limiter, LimitSpec
 from lemon_exec.template.client import START_WAIT_S, ForkServer
 

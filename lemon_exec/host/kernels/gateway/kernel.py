@@ -1,6 +1,6 @@
 """GatewayKernel: one kernel behind Jupyter Enterprise Gateway and the host's websocket to it.
 
-The remote twin of :class:`lemon_exec.host.kernels.local_kernel.ManagedKernel` (a
+The remote twin of :class:`lemon_exec.host.kernels.local.kernel.ManagedKernel` (a
 :class:`~lemon_exec.host.kernels.backend.KernelHandle`): one reader task routes the websocket's
 IOPub and shell messages to the cell that sent the request, by parent ``msg_id``; bridge
 replies go out on the control channel (``channel: "control"``). The kernel gets no private
@@ -31,9 +31,9 @@ from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from lemon_exec.errors import KernelStartError
 from lemon_exec.host.disk.index import KernelStatus
-from lemon_exec.host.kernels import gateway_client as client
 from lemon_exec.host.kernels.backend import MessageSink, drop_note
-from lemon_exec.host.kernels.gateway_client import Gateway
+from lemon_exec.host.kernels.gateway import client
+from lemon_exec.host.kernels.gateway.client import Gateway
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.wire import protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
