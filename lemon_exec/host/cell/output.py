@@ -32,7 +32,6 @@ __all__ = [
     "DEFAULT_MAX_SPILL_BYTES",
     "CapturedOutput",
     "OutputCapture",
-    "decode_bytes",
     "format_truncated_output",
     "sanitize",
 ]
@@ -64,11 +63,6 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Longest unfinished sequence held back between chunks. Past it the sequence is treated as
 # finished (and dropped) so a stray "ESC ]" cannot make the capture hold output forever.
 _MAX_CARRY = 4096
-
-
-def decode_bytes(data: bytes) -> str:
-    """Decode raw output as UTF-8, replacing invalid bytes with U+FFFD."""
-    return data.decode("utf-8", errors="replace")
 
 
 def sanitize(text: str) -> str:
