@@ -78,6 +78,28 @@ class KernelChannels:
         #: How many messages failed their signature check or were malformed.
         self.invalid_messages = 0
 
+    def start(self) -> None:
+        """Start reading: the host link (IOPub), shell and control, and their watchers."""
+        session = self._kc.session
+        self._readers.append(
+            asyncio.create_task(
+                self._link.serve(
+                    lambda frames: self._take("IOPub", frames, session, self._route_iopub),
+                    lambda size: self._dropped("IOPub", drop_note(size)),
+                    self._link_ended,
+                )
+            )
+        )
+        channels = (
+            ("shell", self._kc.shell_channel.socket, self._route_reply),
+            ("control", self._kc.control_channel.socket, _ignore),
+        )
+        for name, socket, route in channels:
+            self._readers.append(asyncio.create_task(self._read(name, socket, route)))
+            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self._monitors.append(monitor)
+            self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
+
     def ready(self) -> asyncio.Future[Any]:
         """Ask for kernel_info; done once it answered AND IOPub is subscribed.
 
@@ -135,7 +157,7 @@ class KernelChannels:
         return msg_id
 
     def send_bridge_reply(self, content: dict[str, Any]) -> None:
-        """Send a bridge reply on the host link, else on control (§3)."""
+        """Send a bridge reply on the host link, else on control (docs/comm-protocol.md)."""
         if self.closed:
             return
         session = self._kc.session
@@ -144,28 +166,6 @@ class KernelChannels:
             self._link.send(protocol.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
             return
         self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
-
-    def start(self) -> None:
-        """Start reading: the host link (IOPub), shell and control, and their watchers."""
-        session = self._kc.session
-        self._readers.append(
-            asyncio.create_task(
-                self._link.serve(
-                    lambda frames: self._take("IOPub", frames, session, self._route_iopub),
-                    lambda size: self._dropped("IOPub", drop_note(size)),
-                    self._link_ended,
-                )
-            )
-        )
-        channels = (
-            ("shell", self._kc.shell_channel.socket, self._route_reply),
-            ("control", self._kc.control_channel.socket, _ignore),
-        )
-        for name, socket, route in channels:
-            self._readers.append(asyncio.create_task(self._read(name, socket, route)))
-            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            self._monitors.append(monitor)
-            self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
 
     def _link_ended(self, problem: str | None) -> None:
         """The kernel's link closed: its exit, unless the kernel lives on without it."""
