@@ -289,7 +289,7 @@ HOST = """
 import sys, time
 from pathlib import Path
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-from lemon_exec.host import forkserver
+from lemon_exec.template.client import servers
 fork = sys.argv[3] == "forked"
 tool = ExecuteCode(ExecuteCodeConfig(
     enabled=True, warm_kernels=0, python_path=sys.executable, sandbox=sys.argv[1],
@@ -298,7 +298,7 @@ tool = ExecuteCode(ExecuteCodeConfig(
 if fork:  # the script's kernel is then forked from the (sandboxed) template
     tool.run_sync("pass")
     deadline = time.monotonic() + 60
-    while not any(s.ready for s in forkserver.servers()) and time.monotonic() < deadline:
+    while not any(s.ready for s in servers()) and time.monotonic() < deadline:
         time.sleep(0.05)
 tool.run_sync(Path(sys.argv[2]).read_text())
 """
