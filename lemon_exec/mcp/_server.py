@@ -37,7 +37,6 @@ from lemon_exec import __version__
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
-from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.mcp._calls import code_result, detached, forward_progress, schema_tool, send_quietly
 from lemon_exec.mcp._tool_texts import (
     BAD_COMMAND,
@@ -306,14 +305,13 @@ def build_server(
         config = ExecuteCodeConfig.load(default_enabled=True)
     if scope is None:
         scope = SessionScope(session_id=secrets.token_hex(16), agent_id=AGENT_ID, cwd=os.getcwd())
-    spec = sandboxes.spec_from_config(config)
     if shell is None:
-        shell = ShellSession(sandbox=spec)
-    elif spec.enabled and shell.sandbox != spec:
+        shell = ShellSession.for_config(config)
+    elif not shell.confined_like(config):
         raise ValueError(
-            f"build_server: the config asks for sandbox = {spec.kind!r} but the given shell "
-            "is not confined to it; pass ShellSession(start_dir, sandbox="
-            "lemon_exec.host.kernels.sandbox.spec_from_config(config)), or no shell"
+            f"build_server: the config asks for sandbox = {config.sandbox!r} but the given "
+            "shell is not confined to it; pass ShellSession.for_config(config, start_dir), "
+            "or no shell"
         )
     return LemonExecServer(
         config,
