@@ -2,11 +2,13 @@
 
 The first group is fixed by the execute_code spec: they are deliberately *not* settings, so
 no config file or environment variable can change them. The second group is lemon_exec's own
-naming, kept here so that the writer (``host.output``) and the reaper (``host.staging``) of a
-file cannot drift apart.
+naming, kept here so that the writer (``host.cell.output``) and the reaper
+(``host.disk.staging``) of a file cannot drift apart.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 # --- Fixed by the spec: not configurable. ---------------------------------------------------
 
@@ -19,6 +21,10 @@ GRACE_S = 1.0
 # The comm frame cap is lemon_exec.wire.protocol.FRAME_CAP_BYTES (the kernel imports it).
 
 # --- lemon_exec's own names and bounds. ------------------------------------------------------
+
+# The installed ``lemon_exec`` package directory: what kernels put on their path (their
+# staging root links it) and what a sandboxed kernel must still see.
+PACKAGE_DIR = Path(__file__).resolve().parent
 
 # Name prefix of the per-process private staging roots under the temp directory.
 STAGING_ROOT_PREFIX = "lemon-exec-"

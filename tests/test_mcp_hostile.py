@@ -23,7 +23,8 @@ from mcp_upstream import serving_http
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.errors import ToolFailure
 from lemon_exec.tools import ToolCall, ToolHost, ToolRegistry, default_registry
-from lemon_exec.tools._mcp_source import LIST_TIMEOUT_S, tool_attribute
+from lemon_exec.tools._mcp_source import LIST_TIMEOUT_S
+from lemon_exec.tools._mcp_tools import tool_attribute
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 

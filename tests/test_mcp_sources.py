@@ -27,7 +27,7 @@ from lemon_exec.tools import (
     ToolHost,
     ToolRegistry,
 )
-from lemon_exec.tools._mcp_source import identifier
+from lemon_exec.tools._mcp_tools import identifier
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

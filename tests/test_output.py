@@ -12,7 +12,6 @@ import pytest
 from lemon_exec.host.cell.output import (
     CapturedOutput,
     OutputCapture,
-    decode_bytes,
     format_truncated_output,
     sanitize,
 )
@@ -72,11 +71,6 @@ def test_sanitize(raw: str, clean: str) -> None:
 )
 def test_carriage_returns(raw: str, clean: str) -> None:
     assert sanitize(raw) == clean
-
-
-def test_decode_bytes_replaces_invalid_utf8() -> None:
-    assert decode_bytes(b"ok \xff\xfe bad \xe4\xb8") == "ok \ufffd\ufffd bad \ufffd"
-    assert decode_bytes("中文".encode()) == "中文"
 
 
 def every_split(text: str) -> list[list[str]]:

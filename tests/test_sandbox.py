@@ -34,7 +34,7 @@ from support import enabled_config, mcp_call_execute_code
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels import sandbox as sandboxes
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 from lemon_exec.proc import supervise
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap]

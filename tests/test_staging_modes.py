@@ -25,7 +25,7 @@ import pytest
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
-from lemon_exec.host.kernels.link_end import LinkEnd
+from lemon_exec.host.kernels.local.link_end import LinkEnd
 
 pytestmark = pytest.mark.timeout(120)
 

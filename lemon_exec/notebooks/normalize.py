@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from lemon_exec._constants import SPILL_PREFIX, STAGING_ROOT_PREFIX
 
-__all__ = ["SCENARIO_DIR_PREFIX", "Normalizer", "Record", "normalize_record"]
+__all__ = ["SCENARIO_DIR_PREFIX", "Normalizer", "Record"]
 
 #: Prefix of the temporary working directory a scenario runs in (see the runner).
 SCENARIO_DIR_PREFIX = "lemon-scenario-"
@@ -166,11 +166,6 @@ class Normalizer:
             "trust": record.get("trust", "trusted"),
             "details": details,
         }
-
-
-def normalize_record(record: Mapping[str, Any], normalizer: Normalizer | None = None) -> Record:
-    """Normalise one record with ``normalizer`` (a fresh one when None)."""
-    return (normalizer or Normalizer()).record(record)
 
 
 def _compile_rules(rules: Iterable[Sequence[str]]) -> list[tuple[re.Pattern[str], str]]:

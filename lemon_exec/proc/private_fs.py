@@ -80,7 +80,7 @@ def check_private_dir(path: Path) -> None:
     """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700.
 
     ``runtime/`` included: jupyter_client would add the sticky bit to the directory of a
-    connection file it writes, so :mod:`lemon_exec.host.kernels.connfile` writes them instead.
+    connection file it writes, so :mod:`lemon_exec.host.kernels.local.connfile` writes them instead.
     """
     try:
         st = os.lstat(path)

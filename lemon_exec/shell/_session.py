@@ -12,6 +12,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.kernels import sandbox as sandboxes
@@ -21,6 +22,9 @@ from ._process import ProcessOutcome, run_process, stop_tree
 from ._reaper import NO_CWD, UNTRACED
 from ._result import CommandResult, make_result
 from ._wrapper import BASH, wrapper_argv
+
+if TYPE_CHECKING:
+    from lemon_exec.config import ExecuteCodeConfig
 
 # How often a call waiting for the session lock checks whether it was cancelled.
 _LOCK_POLL = 0.05
@@ -60,6 +64,20 @@ class ShellSession:
         self._sandbox = sandbox if sandbox is not None and sandbox.enabled else None
         # Wrappers still reaping background jobs of earlier commands.
         self._lingering: list[subprocess.Popen[bytes]] = []
+
+    @classmethod
+    def for_config(
+        cls, config: ExecuteCodeConfig, start_dir: str | os.PathLike[str] | None = None
+    ) -> ShellSession:
+        """A session whose commands run in ``config``'s sandbox, the view its kernels get
+        (unconfined when the config has none, ``sandbox = "none"``)."""
+        return cls(start_dir, sandbox=sandboxes.spec_from_config(config))
+
+    def confined_like(self, config: ExecuteCodeConfig) -> bool:
+        """Whether commands are as confined as ``config``'s kernels: in its sandbox, or the
+        config has none."""
+        spec = sandboxes.spec_from_config(config)
+        return not spec.enabled or self._sandbox == spec
 
     @property
     def sandbox(self) -> sandboxes.SandboxSpec | None:

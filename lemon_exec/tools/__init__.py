@@ -7,14 +7,8 @@ returns its text. Failures are :class:`~lemon_exec.errors.ToolFailure` /
 See ``docs/tools.md``.
 """
 
-from ._host import (
-    ApprovalHook,
-    ApprovalOutcome,
-    ApprovalRequired,
-    PolicyDecision,
-    PolicyHook,
-    ToolHost,
-)
+from ._hooks import ApprovalHook, ApprovalOutcome, ApprovalRequired, PolicyDecision, PolicyHook
+from ._host import ToolHost
 from ._registry import ToolRegistry, default_registry
 from ._types import ToolCall, ToolFunc, ToolSpec
 

@@ -2,7 +2,8 @@
 
 Every failure becomes a :class:`~lemon_exec.errors.ToolFailure` (or its subclass
 :class:`~lemon_exec.errors.ToolDenied`), whose message the script sees as a ``ToolError``.
-Hooks fail closed: a hook that raises, returns garbage or times out denies the call.
+Hooks fail closed (:mod:`lemon_exec.tools._hooks`): a hook that raises, returns garbage or
+times out denies the call.
 
 Where a tool runs: async tools on the event loop; sync tools whose ``inline`` predicate says
 so on the event loop too; ``isolated`` tools (grep, find) in killable worker processes; other
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import enum
 import inspect
 import logging
 import os
@@ -22,69 +22,34 @@ import pathlib
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from lemon_exec.errors import ToolDenied, ToolFailure
+from lemon_exec.errors import ToolFailure
 
+from ._hooks import (
+    ApprovalHook,
+    ApprovalRequired,
+    PolicyHook,
+    ask_approval,
+    check_policy,
+    needs_approval,
+)
 from ._lanes import DEFAULT_LANE_THREADS, ThreadLane
-from ._mcp_source import ListingFailure, McpSource, tool_specs
+from ._mcp_source import ListingFailure, McpSource
+from ._mcp_tools import tool_specs
 from ._paths import resolve
 from ._registry import ToolRegistry, _not_connected
 from ._types import ToolCall, ToolSpec
 from ._validate import validate_params
 from ._workers import DEFAULT_MAX_WORKERS, DeadlineExceeded, WorkerPool
 
-__all__ = [
-    "ApprovalHook",
-    "ApprovalOutcome",
-    "ApprovalRequired",
-    "PolicyDecision",
-    "PolicyHook",
-    "ToolHost",
-]
+__all__ = ["ToolHost"]
 
 logger = logging.getLogger(__name__)
 
 #: Seconds an async or threaded tool may run past its deadline before the host stops waiting:
 #: room for the tool to report the timeout in its own words (webfetch does).
 DEADLINE_GRACE_S = 0.5
-
-
-@dataclass(frozen=True)
-class PolicyDecision:
-    """A policy hook's verdict on one call."""
-
-    allowed: bool
-    reason: str = ""
-
-    @classmethod
-    def allow(cls) -> PolicyDecision:
-        """Let the call proceed (to approval, if required, then to the tool)."""
-        return cls(True, "")
-
-    @classmethod
-    def deny(cls, reason: str) -> PolicyDecision:
-        """Refuse the call; ``reason`` is shown to the script."""
-        return cls(False, reason)
-
-
-class ApprovalOutcome(enum.Enum):
-    """What the approval hook (typically: a human) answered."""
-
-    APPROVED = "approved"
-    DENIED = "denied"
-    TIMED_OUT = "timed_out"
-    FAILED = "failed"
-
-
-#: ``policy(call) -> PolicyDecision`` (sync or async). Sync hooks run on the event loop, so they
-#: must be quick.
-PolicyHook = Callable[[ToolCall], PolicyDecision | Awaitable[PolicyDecision]]
-#: ``async def approval(call) -> ApprovalOutcome``.
-ApprovalHook = Callable[[ToolCall], Awaitable[ApprovalOutcome]]
-#: ``approval_required(call) -> bool``: does this call need approval?
-ApprovalRequired = Callable[[ToolCall], bool]
 
 
 class ToolHost:
@@ -257,87 +222,17 @@ class ToolHost:
         if isinstance(raw_path, str):  # hooks see where a link leads, the tool opens that
             resolved = os.path.realpath(resolve(raw_path, call.cwd))
             call = dataclasses.replace(call, resolved_path=pathlib.Path(resolved))
-        await self._check_policy(call)
-        if self._needs_approval(call):
-            await self._ask_approval(call)
+        await check_policy(self._policy, call)
+        if self._approval is not None and needs_approval(self._approval_required, call):
+            await ask_approval(
+                self._approval, call, timeout_s=self._approval_timeout_s, withdraw=self._withdraw
+            )
         return await self._run(spec, params, call)
 
-    # -- policy ------------------------------------------------------------------------------
-
-    async def _check_policy(self, call: ToolCall) -> None:
-        if self._policy is None:
-            return
-        try:
-            decision = self._policy(call)
-            if inspect.isawaitable(decision):
-                decision = await decision
-        except Exception:
-            # Fail closed, and keep the hook's internals out of the script's view.
-            logger.warning(
-                "policy hook raised for %s call %s", call.tool, call.call_id, exc_info=True
-            )
-            raise ToolDenied(f"{call.tool} denied: policy check failed") from None
-        if not isinstance(decision, PolicyDecision):
-            logger.warning("policy hook returned %r, not a PolicyDecision", decision)
-            raise ToolDenied(f"{call.tool} denied: policy check failed")
-        if not decision.allowed:
-            raise ToolDenied(f"{call.tool} denied by policy: {decision.reason}")
-
-    # -- approval ----------------------------------------------------------------------------
-
-    def _needs_approval(self, call: ToolCall) -> bool:
-        if self._approval is None:
-            return False
-        if self._approval_required is None:
-            return True
-        try:
-            return bool(self._approval_required(call))
-        except Exception:
-            logger.warning("approval_required raised for %s", call.tool, exc_info=True)
-            raise ToolDenied(f"approval for {call.tool} failed") from None
-
-    async def _ask_approval(self, call: ToolCall) -> None:
-        outcome = await self._wait_for_approval(call)
-        if outcome is ApprovalOutcome.APPROVED:
-            return
-        if outcome is ApprovalOutcome.DENIED:
-            raise ToolDenied(f"{call.tool} call was denied by the user")
-        if outcome is ApprovalOutcome.TIMED_OUT:
-            raise ToolDenied(f"approval for {call.tool} timed out")
-        raise ToolDenied(f"approval for {call.tool} failed")
-
-    async def _wait_for_approval(self, call: ToolCall) -> ApprovalOutcome:
-        """Run the hook with a timeout; map every kind of failure to an outcome."""
-        assert self._approval is not None
-        try:
-            pending = self._approval(call)
-        except Exception:
-            logger.warning("approval hook raised for %s", call.tool, exc_info=True)
-            return ApprovalOutcome.FAILED
-        if not inspect.isawaitable(pending):
-            return _as_outcome(pending)
-        task = asyncio.ensure_future(pending)
-        try:
-            # asyncio.wait (not wait_for) never returns the hook's result once we have been
-            # cancelled, even if the hook finished in the same loop iteration, and it never
-            # waits for a hook that ignores cancellation. That is what makes withdrawal final.
-            done, _ = await asyncio.wait({task}, timeout=self._approval_timeout_s)
-        except asyncio.CancelledError:
-            self._withdraw(task)
-            raise
-        if not done:
-            self._withdraw(task)
-            return ApprovalOutcome.TIMED_OUT
-        if task.cancelled():
-            return ApprovalOutcome.FAILED
-        exc = task.exception()
-        if exc is not None:
-            logger.warning("approval hook raised for %s", call.tool, exc_info=exc)
-            return ApprovalOutcome.FAILED
-        return _as_outcome(task.result())
+    # -- withdrawn work ----------------------------------------------------------------------
 
     def _withdraw(self, task: asyncio.Future[Any]) -> None:
-        """Cancel a pending approval; whatever it answers later is discarded."""
+        """Cancel a pending approval or an overrun tool; whatever it answers later is dropped."""
         task.cancel()
         if task.done():
             self._forget_orphan(task)  # it answered just too late
@@ -485,14 +380,6 @@ def _runs_inline(spec: ToolSpec, params: dict[str, Any], call: ToolCall) -> bool
         return bool(spec.inline(params, call))
     except Exception:  # the predicate is an optimisation; when in doubt, use a thread
         return False
-
-
-def _as_outcome(value: object) -> ApprovalOutcome:
-    """Anything but an :class:`ApprovalOutcome` counts as a failed approval (fail closed)."""
-    if isinstance(value, ApprovalOutcome):
-        return value
-    logger.warning("approval hook returned %r, not an ApprovalOutcome", value)
-    return ApprovalOutcome.FAILED
 
 
 def _type_label(expected: type | tuple[type, ...]) -> str:

@@ -18,7 +18,6 @@ __all__ = [
     "WalkStats",
     "display_join",
     "is_binary_bytes",
-    "is_binary_file",
     "name_for",
     "resolve",
     "stat_or_fail",
@@ -63,12 +62,6 @@ def stat_or_fail(tool: str, raw: str, resolved: pathlib.Path) -> os.stat_result:
 def is_binary_bytes(head: bytes) -> bool:
     """A NUL byte in the first :data:`BINARY_SNIFF_BYTES` bytes means binary."""
     return b"\0" in head[:BINARY_SNIFF_BYTES]
-
-
-def is_binary_file(path: pathlib.Path | str) -> bool:
-    """Sniff a file's first bytes (raises ``OSError`` if it cannot be opened)."""
-    with open(path, "rb") as f:
-        return is_binary_bytes(f.read(BINARY_SNIFF_BYTES))
 
 
 def display_join(given: str, rel: str) -> str:

@@ -141,7 +141,8 @@ class ToolRegistry:
         (listing the tools before its first run), one connection per host, restarted after
         the server crashes. Raises ``ValueError`` for a bad or taken name or a bad target.
         """
-        from ._mcp_source import McpServerConfig, identifier
+        from ._mcp_source import McpServerConfig
+        from ._mcp_tools import identifier
 
         server = identifier(name)
         servers = self._mcp_servers

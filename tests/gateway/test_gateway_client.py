@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from lemon_exec import ExecuteCodeConfig
-from lemon_exec.host.kernels.gateway_client import Gateway, decode, encode, peek_channel
+from lemon_exec.host.kernels.gateway.client import Gateway, decode, encode, peek_channel
 
 
 def test_urls_keep_the_base_path_and_switch_to_websocket_schemes() -> None:

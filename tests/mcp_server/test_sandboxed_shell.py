@@ -137,7 +137,7 @@ async def test_sandboxed_server_confines_execute_command(project: Path, listener
     config = _config()
     server = build_server(
         config,
-        shell=ShellSession(project, sandbox=spec_from_config(config)),
+        shell=ShellSession.for_config(config, project),
         scope=SessionScope("sandboxed", "mcp", project),
         only_shell=True,
     )
@@ -162,11 +162,15 @@ def test_default_shell_of_a_sandboxed_server_is_confined(
 def test_sandboxed_server_refuses_an_unconfined_shell(project: Path) -> None:
     with pytest.raises(ValueError, match="not confined"):
         build_server(_config(), shell=ShellSession(project))
+    # Confined, but to another sandbox (this one reaches the network): refused too.
+    elsewhere = ShellSession.for_config(_config(sandbox_network=True), project)
+    with pytest.raises(ValueError, match="not confined"):
+        build_server(_config(), shell=elsewhere)
 
 
 async def test_network_setting_applies_to_the_shell(project: Path, listener: Listener) -> None:
     config = _config(sandbox_network=True)
-    shell = ShellSession(project, sandbox=spec_from_config(config))
+    shell = ShellSession.for_config(config, project)
     async with Client(build_server(config, shell=shell, only_shell=True)) as client:
         result = await client.call_tool("execute_command", {"command": _tcp(listener.port)})
     assert result.structured_content is not None
@@ -221,7 +225,7 @@ async def test_stdio_sandbox_confines_execute_command(
 
 
 def test_a_directory_only_the_sandbox_had_falls_back_to_the_start(project: Path) -> None:
-    shell = ShellSession(project, sandbox=spec_from_config(_config()))
+    shell = ShellSession.for_config(_config(), project)
     inside = f"/tmp/lemon-shell-test-{os.getpid()}"
     moved = shell.execute_command(f"mkdir -p {inside} && cd {inside} && pwd")
     assert moved["stdout"] == f"{inside}\n"
@@ -234,7 +238,7 @@ def test_a_directory_only_the_sandbox_had_falls_back_to_the_start(project: Path)
 
 def test_an_unknown_sandbox_refuses_every_command(project: Path) -> None:
     config = ExecuteCodeConfig(enabled=True, sandbox="bwarp")
-    shell = ShellSession(project, sandbox=spec_from_config(config))
+    shell = ShellSession.for_config(config, project)
     result = shell.execute_command(f"touch {project}/ran")
     assert result["exit_code"] == -1
     assert "unknown sandbox 'bwarp'" in result["stderr"]

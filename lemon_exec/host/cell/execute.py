@@ -287,8 +287,9 @@ async def _interrupt(kernel: KernelHandle, sink: _CellSink) -> None:
 
     The kernel is discarded afterwards either way (the caller escalates to SIGTERM and
     SIGKILL); the wait is what lets partial output and text blocks arrive. It is shorter
-    than the spec's GRACE_S so the caller hears of the timeout promptly; :func:`dispose`
-    still gives the kernel the rest of that grace period before SIGTERM, in the background.
+    than the spec's GRACE_S so the caller hears of the timeout promptly; stopping the kernel
+    (:func:`lemon_exec.host.kernels.backend.dispose`) still gives it the rest of that grace
+    period before SIGTERM, in the background.
     """
     kernel.interrupted_at = time.monotonic()
     await kernel.signal_group(signal.SIGINT)
@@ -305,22 +306,3 @@ def _apply_reply(result: CellResult, reply: dict[str, Any]) -> None:
 
 
 _REPLY_ENDS: dict[str, CellEnd] = {"ok": "ok", "exit": "exit", "exception": "exception"}
-
-
-async def dispose(kernel: KernelHandle) -> None:
-    """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up.
-
-    An interrupted kernel first gets what is left of its SIGINT grace period.
-    """
-    if kernel.disposed:
-        return
-    if kernel.interrupted_at is not None:
-        await _wait_exit(kernel, kernel.interrupted_at + GRACE_S)
-    await kernel.signal_group(signal.SIGTERM)  # always: the script's children may be left
-    await _wait_exit(kernel, time.monotonic() + GRACE_S)
-    await kernel.kill()
-
-
-async def _wait_exit(kernel: KernelHandle, deadline: float) -> None:
-    while time.monotonic() < deadline and await kernel.is_alive():
-        await asyncio.sleep(0.02)

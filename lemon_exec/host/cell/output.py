@@ -25,14 +25,13 @@ from pathlib import Path
 from typing import BinaryIO
 
 from lemon_exec._constants import SPILL_PREFIX
+from lemon_exec._sizes import format_size
 from lemon_exec.proc.private_fs import describe_os_error
 
 __all__ = [
     "DEFAULT_MAX_SPILL_BYTES",
     "CapturedOutput",
     "OutputCapture",
-    "decode_bytes",
-    "format_size",
     "format_truncated_output",
     "sanitize",
 ]
@@ -64,23 +63,6 @@ _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # Longest unfinished sequence held back between chunks. Past it the sequence is treated as
 # finished (and dropped) so a stray "ESC ]" cannot make the capture hold output forever.
 _MAX_CARRY = 4096
-
-
-def format_size(n: int) -> str:
-    """``n`` bytes for people: "512 bytes", "64.0 KiB", "1.0 GiB"."""
-    if n < 1024:
-        return f"{n} bytes"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
-def decode_bytes(data: bytes) -> str:
-    """Decode raw output as UTF-8, replacing invalid bytes with U+FFFD."""
-    return data.decode("utf-8", errors="replace")
 
 
 def sanitize(text: str) -> str:

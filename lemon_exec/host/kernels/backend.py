@@ -3,18 +3,25 @@
 A backend starts a kernel and hands back a :class:`KernelHandle`, which carries the
 kernel's channels (execute a cell, route its messages to a sink, send bridge replies) and
 its signals (interrupt, terminate). The engine supervises handles (tracking, telemetry,
-the index); modes and the comm bridge only ever see handles. Today's implementation is
-:class:`lemon_exec.host.kernels.local_backend.LocalBackend` (local processes over zmq ipc, forked
-from a per-interpreter fork server when one is ready); a sandboxed or gateway backend
-implements the same two protocols and nothing above the engine changes.
+the index); modes and the comm bridge only ever see handles. There are two:
+:class:`lemon_exec.host.kernels.local.backend.LocalBackend` (local processes over zmq ipc,
+forked from a per-interpreter fork server when one is ready) and
+:class:`lemon_exec.host.kernels.gateway.backend.GatewayBackend` (kernels a Jupyter Enterprise
+Gateway runs); nothing above the engine knows which one it has.
 """
 
 from __future__ import annotations
 
+import asyncio
+import signal
+import time
 from typing import Any, Protocol
 
+from lemon_exec._constants import GRACE_S
+from lemon_exec._sizes import format_size
 from lemon_exec.host.disk.index import KernelStatus
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
+from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 
 
 class MessageSink(Protocol):
@@ -39,13 +46,20 @@ class KernelHandle(Protocol):
     kernel_id: str
     started_at: float  # time.monotonic() at start
     status: KernelStatus  # what the kernel index records for it
-    #: Why the kernel is no longer trusted (its first protocol fault), or None.
-    fault: str | None
-    invalid_messages: int
     #: When the host last interrupted it (stopping honours the grace period from then).
     interrupted_at: float | None
     #: Its resource-limit cgroup (lemon_exec.host.kernels.resource_limits), or None.
     cgroup: KernelCgroup | None
+
+    @property
+    def fault(self) -> str | None:
+        """Why the kernel is no longer trusted (its first protocol fault), or None."""
+        ...
+
+    @property
+    def invalid_messages(self) -> int:
+        """How many messages failed their signature check or were malformed."""
+        ...
 
     @property
     def pid(self) -> int | None: ...
@@ -121,3 +135,38 @@ class KernelBackend(Protocol):
     async def aclose(self) -> None:
         """Stop whatever the backend itself runs (kernels are the engine's to stop)."""
         ...
+
+
+def drop_note(size: int | None, *, lost_around: bool = False) -> str:
+    """The line a cell's output gets when the host refused a message from the kernel.
+
+    ``size`` is the refused message's (None: unknown); ``lost_around`` says that messages
+    around it may be missing too (the channel had to reconnect).
+    """
+    what = f"a {format_size(size)} message" if size is not None else "a message"
+    note = (
+        f"[{what} from the kernel was dropped: over the "
+        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit"
+    )
+    if lost_around:
+        note += "; output sent while the host reconnected (a few ms) may be missing too"
+    return note + "]"
+
+
+async def dispose(kernel: KernelHandle) -> None:
+    """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up.
+
+    An interrupted kernel first gets what is left of its SIGINT grace period.
+    """
+    if kernel.disposed:
+        return
+    if kernel.interrupted_at is not None:
+        await _wait_exit(kernel, kernel.interrupted_at + GRACE_S)
+    await kernel.signal_group(signal.SIGTERM)  # always: the script's children may be left
+    await _wait_exit(kernel, time.monotonic() + GRACE_S)
+    await kernel.kill()
+
+
+async def _wait_exit(kernel: KernelHandle, deadline: float) -> None:
+    while time.monotonic() < deadline and await kernel.is_alive():
+        await asyncio.sleep(0.02)

@@ -26,9 +26,9 @@ from lemon_exec.host.disk.spill_reaper import SpillReaper
 from lemon_exec.host.disk.staging import StagingRoot, check_socket_room
 from lemon_exec.host.disk.staging import staging_base as staging_dir
 from lemon_exec.host.kernels.backend import KernelHandle
-from lemon_exec.host.kernels.gateway_backend import GatewayBackend
+from lemon_exec.host.kernels.gateway.backend import GatewayBackend
 from lemon_exec.host.kernels.kernelspec import kernel_pythonpath
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 from lemon_exec.host.kernels.resource_limits import LimitSpec
 from lemon_exec.host.kernels.sandbox import spec_from_config
 from lemon_exec.proc.private_fs import DISK_FULL, describe_os_error

@@ -18,15 +18,12 @@ from typing import Any
 from jupyter_client.kernelspec import KernelSpec, KernelSpecManager, NoSuchKernel
 from traitlets import Dict, List, Unicode
 
-import lemon_exec
+from lemon_exec._constants import PACKAGE_DIR
 
 KERNEL_NAME = "lemon-python"
 DISPLAY_NAME = "Python 3 (lemon_exec)"
 #: The kernel's argv after the interpreter.
 KERNEL_ARGV_TAIL = ("-m", "lemon_exec.kernel", "-f", "{connection_file}")
-
-#: The directory holding the ``lemon_exec`` package; kernels get only it on their path.
-PACKAGE_PARENT = str(Path(lemon_exec.__file__).resolve().parents[1])
 
 
 def kernel_pythonpath(staging_pypath: Path) -> str:
@@ -38,7 +35,7 @@ def kernel_pythonpath(staging_pypath: Path) -> str:
     link = staging_pypath / "lemon_exec"
     if not link.exists():
         staging_pypath.mkdir(mode=0o700, exist_ok=True)
-        os.symlink(Path(PACKAGE_PARENT) / "lemon_exec", link)
+        os.symlink(PACKAGE_DIR, link)
     return str(staging_pypath)
 
 

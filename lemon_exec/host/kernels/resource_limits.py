@@ -70,7 +70,6 @@ class KernelCgroup:
     """One kernel's cgroup: one directory (v2) or one per v1 hierarchy."""
 
     dirs: list[Path]
-    version: int
     memory_mb: int
     _oom_seen: int = field(default=0)
 
@@ -214,7 +213,7 @@ class Limiter:
                 _rmdir(d)
             log.warning("execute_code: could not create a kernel cgroup: %s", exc)
             return None
-        group = KernelCgroup(made, self._parents[0][1], self.spec.memory_mb)
+        group = KernelCgroup(made, self.spec.memory_mb)
         self._live.append(group)
         return group
 
@@ -244,7 +243,6 @@ class Limiter:
                 return []
             made.append(found)
         return made
-        return []
 
 
 def _configure(d: Path, version: int, spec: LimitSpec) -> None:
@@ -256,11 +254,12 @@ def _configure(d: Path, version: int, spec: LimitSpec) -> None:
         if spec.max_processes:
             (d / "pids.max").write_text(str(spec.max_processes))
         return
-    if (d / "memory.limit_in_bytes").exists():
+    # v1: each hierarchy gets the limit of its own controller; one mounted with both has both.
+    if spec.memory_mb and (d / "memory.limit_in_bytes").exists():
         (d / "memory.limit_in_bytes").write_text(str(spec.memory_mb * _MB))
         with contextlib.suppress(OSError):  # memsw exists only with swap accounting
             (d / "memory.memsw.limit_in_bytes").write_text(str(spec.memory_mb * _MB))
-    if (d / "pids.max").exists():
+    if spec.max_processes and (d / "pids.max").exists():
         (d / "pids.max").write_text(str(spec.max_processes))
 
 
@@ -299,7 +298,7 @@ def _sweep_dead_hosts(base: Path) -> None:
             pid = d.name[len("lemon-") :]
             if pid.isdigit() and int(pid) != os.getpid() and not supervise.running(int(pid)):
                 for child in d.glob("k-*"):
-                    KernelCgroup([child], 0, 0).remove()
+                    KernelCgroup([child], 0).remove()
                 _rmdir(d)
 
 

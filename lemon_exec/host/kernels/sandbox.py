@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from lemon_exec._constants import STAGING_ROOT_PREFIX
+from lemon_exec._constants import PACKAGE_DIR, STAGING_ROOT_PREFIX
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk import runtime_base
 from lemon_exec.proc.supervise import SANDBOX_ENV
@@ -292,9 +292,7 @@ def forked_kernels_supported() -> bool:
 def runtime_paths(interpreter: str) -> tuple[Path, ...]:
     """What a kernel under ``interpreter`` must see to start: the interpreter's environment
     (a venv's root and its base installation) and the ``lemon_exec`` package itself."""
-    import lemon_exec  # the package the kernels import (the staging root's pypath links it)
-
-    paths = [Path(lemon_exec.__file__).resolve().parent]
+    paths = [PACKAGE_DIR]
     exe = Path(interpreter)
     if not exe.is_absolute():  # a bare name is looked up on PATH inside: nothing to add
         return tuple(paths)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lemon_exec.host.kernels.local_backend import LocalBackend
+from lemon_exec.host.kernels.local.backend import LocalBackend
 
 if TYPE_CHECKING:
     from lemon_exec.host.run.runner import Host, Runner

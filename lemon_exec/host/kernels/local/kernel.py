@@ -1,27 +1,18 @@
-"""ManagedKernel: one lemon-python kernel process and the host's connection to it.
+"""ManagedKernel: one lemon-python kernel process, its start, signals and end.
 
 Started through jupyter_client (AsyncKernelManager + AsyncKernelClient) with the ipc transport
-and its connection file in the host's private 0700 runtime directory. Two reader tasks route
-IOPub and shell messages to the cell that sent the request (by parent ``msg_id``), so a person
-attached to the same kernel with their own client never leaks into an agent's result.
-
-Host memory does not depend on the kernel's good behaviour: no frame over
-:data:`MAX_MESSAGE_BYTES` is ever buffered (zmq's MAXMSGSIZE closes the connection when one
-announces itself; a watcher reconnects the channel at once and tells the running cells), and a
-multi-frame message whose total is over the limit is dropped before it is decoded. The
-kernel keeps to the same limit itself (it publishes a short note instead of a larger message;
-see :mod:`lemon_exec.wire.limits`), so this is only a backstop.
-
-A message that fails its signature check, or is not a Jupyter message at all, is a protocol
-fault: the kernel is no longer trusted. The running cell hears of it at once and ends (and
-the kernel is discarded); a fault while no cell runs is remembered in :attr:`fault`.
+and its connection file in the host's private 0700 runtime directory (or forked from a
+template, :mod:`lemon_exec.template.client`). Its messages go through
+:class:`~lemon_exec.host.kernels.local.channels.KernelChannels`, which routes them to the cell
+that sent the request and keeps host memory independent of the kernel's good behaviour (no
+frame over :data:`~lemon_exec.wire.limits.MAX_MESSAGE_BYTES` is buffered; the kernel keeps to
+the same limit itself, so that is only a backstop).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import secrets
@@ -39,30 +30,22 @@ from jupyter_client.manager import AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
 from lemon_exec.errors import InterpreterError, KernelStartError
-from lemon_exec.host.cell.output import format_size
 from lemon_exec.host.disk import external, hygiene
 from lemon_exec.host.disk.index import KernelStatus
 from lemon_exec.host.kernels.backend import MessageSink
-from lemon_exec.host.kernels.connfile import PrivateKernelManager
 from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, LemonKernelSpecManager
-from lemon_exec.host.kernels.link_end import LinkEnd
+from lemon_exec.host.kernels.local.channels import KernelChannels
+from lemon_exec.host.kernels.local.connfile import PrivateKernelManager
+from lemon_exec.host.kernels.local.link_end import LinkEnd
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.proc.tree_removal import remove_tree
 from lemon_exec.template.provisioner import ForkedProcess
-from lemon_exec.wire import jupyter_messages, protocol
+from lemon_exec.wire import protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
-from lemon_exec.wire.zmq_frames import NOBLOCK, recv_frames
 
 log = logging.getLogger(__name__)
 
 _LIVENESS_POLL_S = 0.1
-
-#: Messages a channel reader takes in a row before it lets the event loop run.
-_READ_BURST = 32
-
-#: After a channel's connection drops, how long to wait before asking whether the kernel is
-#: still alive (a dying kernel's sockets close a moment before its process is reaped).
-_DISCONNECT_SETTLE_S = 0.05
 
 
 class ManagedKernel:
@@ -89,27 +72,12 @@ class ManagedKernel:
         self.interpreter = interpreter
         self.started_at = time.monotonic()
         self._km = km
-        self._kc = kc
         self._log_path = log_path
-        #: The host link (host/kernels/link_end.py): IOPub in, bridge replies out.
-        self._link = link
+        self._channels = KernelChannels(kc, link, kernel_id=kernel_id, is_alive=self.is_alive)
         #: The link that publishes the connection file to Jupyter Server (see publish()).
         self._published: Path | None = None
-        self._sinks: dict[str, MessageSink] = {}
-        self._readers: list[asyncio.Task[None]] = []
-        self._monitors: list[zmq.asyncio.Socket] = []
-        self._welcome = asyncio.get_running_loop().create_future()
-        self._kernel_info: asyncio.Future[dict[str, Any]] = (
-            asyncio.get_running_loop().create_future()
-        )
         self._disposed = False
-        #: Told to stop (SIGTERM/SIGKILL sent): its sockets closing is its exit, not a drop.
-        self._stopping = False
-        #: Why the kernel is no longer trusted (the first protocol fault), or None.
-        self.fault: str | None = None
-        #: How many messages failed their signature check or were malformed.
-        self.invalid_messages = 0
-        #: When the host last sent SIGINT (cell.dispose honours the grace period from then).
+        #: When the host last sent SIGINT (backend.dispose honours the grace period from then).
         self.interrupted_at: float | None = None
         #: Its resource-limit cgroup, set by the backend once it is placed there.
         self.cgroup: KernelCgroup | None = None
@@ -196,7 +164,7 @@ class ManagedKernel:
                 link=link,
                 sandbox_dir=sandbox_dir,
             )
-            kernel._start_readers()
+            kernel._channels.start()
             await kernel._wait_ready(timeout)
             return kernel
         except BaseException:
@@ -213,11 +181,8 @@ class ManagedKernel:
             os.close(log_fd)
 
     async def _wait_ready(self, timeout: float) -> None:
-        # Ready = answered kernel_info AND IOPub subscribed. ipykernel >= 7.2 says the latter
-        # with iopub_welcome; older kernels are ready once any IOPub message arrives.
         deadline = time.monotonic() + timeout
-        self.send_shell("kernel_info_request", {})
-        waiting = asyncio.gather(self._kernel_info, self._welcome)
+        waiting = self._channels.ready()
         try:
             while True:
                 done, _ = await asyncio.wait({waiting}, timeout=_LIVENESS_POLL_S)
@@ -253,15 +218,8 @@ class ManagedKernel:
         if self._disposed:
             return
         self._disposed = True
-        for task in self._readers:
-            task.cancel()
-        for task in self._readers:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        self._close_monitors()
+        await self._channels.close()
         self._unpublish()
-        self._kc.stop_channels()
-        self._link.close()
         await _kill_manager(self._km)
         _unlink(self._log_path)
         _remove_dir(self._sandbox_dir)
@@ -279,12 +237,11 @@ class ManagedKernel:
                 os.killpg(pgid, signal.SIGKILL)
             elif pid:
                 os.kill(pid, signal.SIGKILL)
+        self._channels.close_sync()
         self._unpublish()
-        self._link.close()
         for path in (Path(self.connection_file), self._log_path):
             _unlink(path)
         _remove_dir(self._sandbox_dir)
-        self._close_monitors()
 
     @property
     def disposed(self) -> bool:
@@ -330,7 +287,7 @@ class ManagedKernel:
     async def signal_group(self, signum: int) -> None:
         """Send ``signum`` to the kernel's process group (the script's children included)."""
         if signum in (signal.SIGTERM, signal.SIGKILL):
-            self._stopping = True
+            self._channels.stopping = True
         with contextlib.suppress(ProcessLookupError, OSError, RuntimeError):
             await self._km.signal_kernel(signum)
 
@@ -343,216 +300,29 @@ class ManagedKernel:
     def connection_file(self) -> str:
         return self._km.connection_file
 
-    # -- messages ------------------------------------------------------------------------
+    # -- messages (KernelChannels) --------------------------------------------------------
+
+    @property
+    def fault(self) -> str | None:
+        """Why the kernel is no longer trusted (its first protocol fault), or None."""
+        return self._channels.fault
+
+    @property
+    def invalid_messages(self) -> int:
+        """How many messages failed their signature check or were malformed."""
+        return self._channels.invalid_messages
 
     def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
         """Send an execute_request whose outputs go to ``sink``; returns its msg_id."""
-        msg = self._kc.session.msg(
-            "execute_request",
-            {
-                "code": code,
-                "silent": False,
-                "store_history": False,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": False,
-            },
-            metadata=metadata,
-        )
-        msg_id: str = msg["header"]["msg_id"]
-        self._sinks[msg_id] = sink
-        self._kc.shell_channel.send(msg)
-        return msg_id
+        return self._channels.execute(code, metadata, sink)
 
     def release(self, msg_id: str) -> None:
         """Stop routing messages of ``msg_id``; later ones are dropped."""
-        self._sinks.pop(msg_id, None)
-
-    def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
-        msg = self._kc.session.msg(msg_type, content)
-        self._kc.shell_channel.send(msg)
-        msg_id: str = msg["header"]["msg_id"]
-        return msg_id
+        self._channels.release(msg_id)
 
     def send_bridge_reply(self, content: dict[str, Any]) -> None:
-        """Send a bridge reply on the host link, else on control (§3)."""
-        if self._disposed:
-            return
-        session = self._kc.session
-        if self._link.connected:
-            packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
-            self._link.send(jupyter_messages.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
-            return
-        self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
-
-    def _start_readers(self) -> None:
-        session = self._kc.session
-        self._readers.append(
-            asyncio.create_task(
-                self._link.serve(
-                    lambda frames: self._take("IOPub", frames, session, self._route_iopub),
-                    lambda size: self._dropped("IOPub", _drop_note(size)),
-                    self._link_ended,
-                )
-            )
-        )
-        channels = (
-            ("shell", self._kc.shell_channel.socket, self._route_reply),
-            ("control", self._kc.control_channel.socket, _ignore),
-        )
-        for name, socket, route in channels:
-            self._readers.append(asyncio.create_task(self._read(name, socket, route)))
-            monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            self._monitors.append(monitor)
-            self._readers.append(asyncio.create_task(self._watch(name, socket, monitor)))
-
-    def _link_ended(self, problem: str | None) -> None:
-        """The kernel's link closed: its exit, unless the kernel lives on without it."""
-        if self._disposed or self._stopping:
-            return
-        if problem is not None:
-            self._faulted("IOPub", problem)
-            return
-        task = asyncio.ensure_future(self._check_link_closed())
-        self._readers.append(task)
-
-    async def _check_link_closed(self) -> None:
-        await asyncio.sleep(_DISCONNECT_SETTLE_S)  # a dying kernel closes it just before exit
-        if not self._disposed and not self._stopping and await self.is_alive():
-            self._faulted("IOPub", "the kernel closed its link to the host")
-
-    async def _read(
-        self, name: str, socket: zmq.asyncio.Socket, route: Callable[[dict[str, Any]], None]
-    ) -> None:
-        # Reads the channel's socket directly and decodes with jupyter_messages.unpack_signed: every
-        # stream chunk and bridge frame passes here, and Session.deserialize's date parsing
-        # was a measurable part of a helper's round trip.
-        # Messages are taken with non-blocking receives on a plain view of the socket while
-        # its descriptor is readable: no future, timer or reader registration per message
-        # (pyzmq's awaitable recv makes each), which was a measurable part of a helper's
-        # round trip and of text() throughput.
-        session = self._kc.session
-        plain: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
-        loop = asyncio.get_running_loop()
-        readable = asyncio.Event()
-        fd = plain.FD
-        loop.add_reader(fd, readable.set)
-        try:
-            while True:
-                for _ in range(_READ_BURST):
-                    try:
-                        # copy=False: the size is checked before any byte is copied or decoded.
-                        frames = recv_frames(plain, NOBLOCK, copy=False)
-                    except zmq.Again:
-                        break
-                    self._take(name, frames, session, route)
-                else:
-                    # A burst: let the loop run (the cells' deadline watchdog), then go on.
-                    await asyncio.sleep(0)
-                    continue
-                readable.clear()
-                # zmq's descriptor is edge-triggered: look again before waiting on it.
-                if int(plain.get(zmq.EVENTS)) & zmq.POLLIN:
-                    continue
-                await readable.wait()
-        finally:
-            loop.remove_reader(fd)
-
-    def _take(
-        self,
-        name: str,
-        frames: list[Any],
-        session: Any,
-        route: Callable[[dict[str, Any]], None],
-    ) -> None:
-        """Check, verify and route one message read on channel ``name``."""
-        size = sum(len(frame) for frame in frames)
-        if size > MAX_MESSAGE_BYTES:
-            del frames
-            self._dropped(name, _drop_note(size))
-            return
-        try:
-            msg = jupyter_messages.unpack_signed(session, frames)
-        except Exception as exc:  # badly signed or malformed: a protocol fault
-            self._faulted(name, _fault_reason(exc))
-            return
-        try:
-            route(msg)
-        except Exception:
-            log.exception("error routing a kernel message")
-
-    async def _watch(
-        self, name: str, socket: zmq.asyncio.Socket, monitor: zmq.asyncio.Socket
-    ) -> None:
-        """Reconnect ``socket`` whenever its connection drops, and report why.
-
-        On ipc a live kernel never closes its end, so a drop means zmq refused a frame over
-        MAXMSGSIZE (a protocol error, after which zmq does not reconnect by itself).
-        Messages the kernel sent until the new connection was up are lost, hence the note.
-        """
-        while True:
-            event = await monitor.recv_multipart()
-            endpoint = event[1].decode() if len(event) > 1 else ""
-            if self._disposed or self._stopping or not endpoint:
-                continue
-            with contextlib.suppress(zmq.ZMQError):
-                socket.disconnect(endpoint)
-            with contextlib.suppress(zmq.ZMQError):
-                socket.connect(endpoint)
-            await asyncio.sleep(_DISCONNECT_SETTLE_S)
-            if await self.is_alive():
-                log.warning("kernel %s: %s connection dropped; reconnected", self.kernel_id, name)
-                self._dropped(name, _drop_note(None, lost_around=True))
-
-    def _dropped(self, channel: str, note: str) -> None:
-        for sink in list(self._sinks.values()):
-            try:
-                sink.on_dropped(channel, note)
-            except Exception:
-                log.exception("error reporting a dropped kernel message")
-
-    def _faulted(self, channel: str, reason: str) -> None:
-        """Count an invalid message; the running cells end (the kernel is not trusted)."""
-        self.invalid_messages += 1
-        if self.fault is None:
-            self.fault = reason
-            log.warning("kernel %s: protocol fault on %s: %s", self.kernel_id, channel, reason)
-        for sink in list(self._sinks.values()):
-            try:
-                sink.on_protocol_fault(channel, reason)
-            except Exception:
-                log.exception("error reporting a protocol fault")
-
-    def _close_monitors(self) -> None:
-        sockets = [
-            getattr(c, "socket", None) for c in (self._kc.shell_channel, self._kc.control_channel)
-        ]
-        for socket in sockets:
-            if socket is not None and not socket.closed:
-                with contextlib.suppress(zmq.ZMQError):
-                    socket.disable_monitor()
-        for monitor in self._monitors:
-            monitor.close(linger=0)
-        self._monitors.clear()
-
-    def _route_iopub(self, msg: dict[str, Any]) -> None:
-        msg_type = msg.get("msg_type")
-        if msg_type == "iopub_welcome" or (msg_type == "status" and not self._welcome.done()):
-            if not self._welcome.done():
-                self._welcome.set_result(None)
-            return
-        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
-        if sink is not None:
-            sink.on_iopub(msg)
-
-    def _route_reply(self, msg: dict[str, Any]) -> None:
-        if msg.get("msg_type") == "kernel_info_reply":
-            if not self._kernel_info.done():
-                self._kernel_info.set_result(msg["content"])
-            return
-        sink = self._sinks.get(msg.get("parent_header", {}).get("msg_id", ""))
-        if sink is not None:
-            sink.on_reply(msg)
+        """Send a bridge reply on the host link, else on control (docs/comm-protocol.md)."""
+        self._channels.send_bridge_reply(content)
 
 
 _CONTEXT: zmq.asyncio.Context | None = None
@@ -565,7 +335,7 @@ def shared_context() -> zmq.asyncio.Context:
     """One zmq context (one IO thread) for every kernel connection of this process.
 
     jupyter_client would otherwise create two per kernel (IOPub comes on the host link,
-    host/kernels/link_end.py). Receive queues are bounded (64 messages). No frame over
+    host/kernels/local/link_end.py). Receive queues are bounded (64 messages). No frame over
     MAX_MESSAGE_BYTES is accepted at all (MAXMSGSIZE), whatever the kernel sends.
     """
     global _CONTEXT
@@ -579,29 +349,6 @@ def shared_context() -> zmq.asyncio.Context:
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_IVL_MS)
         _CONTEXT.setsockopt(zmq.RECONNECT_IVL_MAX, _RECONNECT_IVL_MAX_MS)
     return _CONTEXT
-
-
-def _drop_note(size: int | None, *, lost_around: bool = False) -> str:
-    """The line a cell's output gets when the host refused a message from the kernel."""
-    what = f"a {format_size(size)} message" if size is not None else "a message"
-    note = (
-        f"[{what} from the kernel was dropped: over the "
-        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit"
-    )
-    if lost_around:
-        note += "; output sent while the host reconnected (a few ms) may be missing too"
-    return note + "]"
-
-
-def _fault_reason(exc: Exception) -> str:
-    """What was wrong with a message :func:`jupyter_messages.unpack_signed` refused."""
-    if "signature" in str(exc):  # unpack_signed's "invalid message signature"
-        return "a message from the kernel failed its signature check"
-    return "a message from the kernel was malformed"
-
-
-def _ignore(_msg: dict[str, Any]) -> None:
-    """Control replies (e.g. to interrupts) need no routing, but must be drained."""
 
 
 async def _kill_manager(km: AsyncKernelManager) -> None:

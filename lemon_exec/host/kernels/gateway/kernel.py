@@ -1,6 +1,6 @@
 """GatewayKernel: one kernel behind Jupyter Enterprise Gateway and the host's websocket to it.
 
-The remote twin of :class:`lemon_exec.host.kernels.local_kernel.ManagedKernel` (a
+The remote twin of :class:`lemon_exec.host.kernels.local.kernel.ManagedKernel` (a
 :class:`~lemon_exec.host.kernels.backend.KernelHandle`): one reader task routes the websocket's
 IOPub and shell messages to the cell that sent the request, by parent ``msg_id``; bridge
 replies go out on the control channel (``channel: "control"``). The kernel gets no private
@@ -30,11 +30,10 @@ from typing import Any
 from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from lemon_exec.errors import KernelStartError
-from lemon_exec.host.cell.output import format_size
 from lemon_exec.host.disk.index import KernelStatus
-from lemon_exec.host.kernels import gateway_client as client
-from lemon_exec.host.kernels.backend import MessageSink
-from lemon_exec.host.kernels.gateway_client import Gateway
+from lemon_exec.host.kernels.backend import MessageSink, drop_note
+from lemon_exec.host.kernels.gateway import client
+from lemon_exec.host.kernels.gateway.client import Gateway
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.wire import protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
@@ -255,7 +254,7 @@ class GatewayKernel:
                     break
                 _quickack(self._socket)
                 if len(raw) > MAX_MESSAGE_BYTES:
-                    self._dropped(client.peek_channel(raw), _drop_note(len(raw)))
+                    self._dropped(client.peek_channel(raw), drop_note(len(raw)))
                 else:
                     self._handle(raw)
                 # Yield: a flood of queued messages must not starve the cells' watchdog.
@@ -332,13 +331,6 @@ class GatewayKernel:
                 sink.on_protocol_fault("websocket", reason)
             except Exception:
                 log.exception("error reporting a protocol fault")
-
-
-def _drop_note(size: int) -> str:
-    return (
-        f"[a {format_size(size)} message from the kernel was dropped: over the "
-        f"{MAX_MESSAGE_BYTES // 2**20} MiB per-message limit]"
-    )
 
 
 def _tcp_socket(conn: WebSocketClientConnection) -> socket.socket | None:

@@ -1,8 +1,8 @@
 """The gateway kernel backend: kernels behind Jupyter Enterprise Gateway (``gateway_url``).
 
 Implements :class:`lemon_exec.host.kernels.backend.KernelBackend` over the gateway's REST API and
-kernel websocket (:mod:`lemon_exec.host.kernels.gateway_client`), with
-:class:`~lemon_exec.host.kernels.gateway_kernel.GatewayKernel` as the handle. Everything above the
+kernel websocket (:mod:`lemon_exec.host.kernels.gateway.client`), with
+:class:`~lemon_exec.host.kernels.gateway.kernel.GatewayKernel` as the handle. Everything above the
 engine (both modes, the warm spares, the session registry, the comm bridge and its helpers,
 policy, budgets) is unchanged and runs on this host; only the kernels run elsewhere.
 
@@ -23,10 +23,10 @@ from typing import Any
 
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.kernels import gateway_client as client
 from lemon_exec.host.kernels.backend import KernelHandle
-from lemon_exec.host.kernels.gateway_client import Gateway
-from lemon_exec.host.kernels.gateway_kernel import (
+from lemon_exec.host.kernels.gateway import client
+from lemon_exec.host.kernels.gateway.client import Gateway
+from lemon_exec.host.kernels.gateway.kernel import (
     REST_TIMEOUT_S,
     SYNC_DELETE_TIMEOUT_S,
     GatewayKernel,

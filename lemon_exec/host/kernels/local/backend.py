@@ -1,7 +1,7 @@
 """The local kernel backend: kernel processes on this machine, over zmq ipc.
 
 Kernels are launched through jupyter_client
-(:class:`~lemon_exec.host.kernels.local_kernel.ManagedKernel`)
+(:class:`~lemon_exec.host.kernels.local.kernel.ManagedKernel`)
 with their connection files in the host's private runtime directory. Once an
 interpreter's fork server is ready (it imports the kernel's modules once, ~0.4 s), kernels
 are forked from it instead of started cold. A start that finds it still starting waits for
@@ -27,12 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.cell import execute as cells
 from lemon_exec.host.disk import external
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.kernels import sandbox as sandboxes
-from lemon_exec.host.kernels.backend import KernelHandle
-from lemon_exec.host.kernels.local_kernel import ManagedKernel
+from lemon_exec.host.kernels.backend import KernelHandle, dispose
+from lemon_exec.host.kernels.local.kernel import ManagedKernel
 from lemon_exec.host.kernels.resource_limits import KernelCgroup, Limiter, LimitSpec
 from lemon_exec.template.client import START_WAIT_S, ForkServer
 
@@ -154,7 +153,7 @@ class LocalBackend:
         await kernel.signal_group(signal.SIGINT)
 
     async def stop(self, kernel: KernelHandle) -> None:
-        await cells.dispose(kernel)
+        await dispose(kernel)
         if kernel in self._cgroups:
             self._limiter.release(self._cgroups.pop(kernel))
 
