@@ -49,7 +49,7 @@ FLOORS = (
     floor("package", ".", "", "the public names, loaded lazily"),
     floor(
         "ground",
-        "_constants errors details envelope result scope interpreter wire proc",
+        "_constants _sizes errors details envelope result scope interpreter wire proc",
         "package",
         "what both sides share: the protocol, process and private-disk primitives, errors",
     ),
@@ -254,7 +254,8 @@ def floor_of(module: str) -> Floor:
     best: tuple[int, Floor] | None = None
     for floor in FLOORS:
         for entry in floor.modules:
-            if (module == entry or module.startswith(entry + ".")) and (
+            inside = module.startswith(entry + ".") and entry != PACKAGE  # "." is one module
+            if (module == entry or inside) and (
                 best is None or len(entry) > best[0]
             ):
                 best = (len(entry), floor)
