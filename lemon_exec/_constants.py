@@ -1,9 +1,9 @@
-"""Fixed numbers and names shared by the host side.
+"""Fixed numbers and names, on the ground floor so that every side can share them.
 
 The first group is fixed by the execute_code spec: they are deliberately *not* settings, so
 no config file or environment variable can change them. The second group is lemon_exec's own
-naming, kept here so that the writer (``host.cell.output``) and the reaper
-(``host.disk.staging``) of a file cannot drift apart.
+naming, kept here so that the writer (``host.cell.output``) and the removers
+(``host.disk.spill_reaper``, ``host.disk.staging``) of a file cannot drift apart.
 """
 
 from __future__ import annotations

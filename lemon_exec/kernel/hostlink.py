@@ -8,11 +8,12 @@ them (:meth:`HostLink.wait`). Compared with ZeroMQ sockets this path has no IO t
 either side, and a helper that is answered promptly finds its reply without sleeping: its
 round trip is one thread wake-up (the host's loop) instead of seven.
 
-Messages are Jupyter wire messages in :mod:`linkwire` framing. Replies must carry a valid
-signature under the session key and name the open cell's comm id, exactly as on the control
-channel (which stays the path for hosts that do not set the link, e.g. kernels behind a
-gateway). A host that stops reading makes senders block (the socket's buffer is the queue):
-output is never dropped, and a flooding script slows to the host's pace.
+Messages are Jupyter wire messages in :mod:`~lemon_exec.wire.link_framing` framing. Replies
+must carry a valid signature under the session key and name the open cell's comm id, exactly
+as on the control channel (which stays the path for hosts that do not set the link, e.g.
+kernels behind a gateway). A host that stops reading makes senders block (the socket's
+buffer is the queue): output is never dropped, and a flooding script slows to the host's
+pace.
 """
 
 from __future__ import annotations

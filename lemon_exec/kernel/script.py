@@ -4,7 +4,7 @@ Unlike an IPython cell, a script is compiled as a file (no implicit display of t
 expression, no input transformations), its tracebacks keep only the script's own frames with
 exact line numbers, and it cannot read stdin. ``exit(n)`` and ``quit(n)`` end it as
 ``sys.exit(n)`` does (IPython's versions would ask the kernel to shut down instead; see
-``kernel.ScriptAwareExit``).
+``lemon_kernel.ScriptAwareExit``).
 """
 
 from __future__ import annotations

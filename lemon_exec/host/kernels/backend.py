@@ -3,7 +3,8 @@
 A backend starts a kernel and hands back a :class:`KernelHandle`, which carries the
 kernel's channels (execute a cell, route its messages to a sink, send bridge replies) and
 its signals (interrupt, terminate). The engine supervises handles (tracking, telemetry,
-the index); modes and the comm bridge only ever see handles. There are two:
+the index); the per-call and session runs and the comm bridge only ever see handles. There
+are two:
 :class:`lemon_exec.host.kernels.local.backend.LocalBackend` (local processes over zmq ipc,
 forked from a per-interpreter fork server when one is ready) and
 :class:`lemon_exec.host.kernels.gateway.backend.GatewayBackend` (kernels a Jupyter Enterprise

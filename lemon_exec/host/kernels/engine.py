@@ -1,9 +1,9 @@
-"""The engine: the kernel supervisor under the modes.
+"""The engine: the kernel supervisor under the per-call and session runs.
 
 It owns the private staging root, the kernel backend (where kernels run: see
 :mod:`lemon_exec.host.kernels.backend`), the set of live kernels and their index, and the
-background stops. Modes ask it to start and stop kernels; it never decides what runs in
-them. Everything here lives on one asyncio loop; the facade makes sure of that.
+background stops. The runs ask it to start and stop kernels; it never decides what runs in
+them. Everything here lives on one asyncio loop; the runner makes sure of that.
 """
 
 from __future__ import annotations
@@ -234,7 +234,7 @@ class Engine:
     # -- shutdown -------------------------------------------------------------------------------
 
     def refuse_starts(self) -> None:
-        """From now on no kernel starts (the modes are closing their kernels)."""
+        """From now on no kernel starts (the runs are closing their kernels)."""
         self._closed = True
 
     async def aclose(self) -> None:

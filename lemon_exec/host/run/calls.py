@@ -1,9 +1,9 @@
-"""The typed contract between the public surface and the modes.
+"""The typed contract between the public surface and the runs (per-call and session).
 
 :class:`CallArgs` is what a caller passed to ``run`` (unvalidated, exactly as given);
 :func:`prepare` checks it against the configuration and either refuses it (a result that
-says what is wrong; nothing ran) or turns it into a :class:`Call`, the one value the modes
-accept. The facade and every session owner go through the same :func:`prepare`.
+says what is wrong; nothing ran) or turns it into a :class:`Call`, the one value the runs
+accept. The runner calls :func:`prepare` for the facade and every session owner alike.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class CallArgs:
 
 @dataclass(frozen=True)
 class Call:
-    """One validated execute_code call, as the modes run it."""
+    """One validated execute_code call, as the per-call and session runs take it."""
 
     script: str
     interpreter: str
@@ -146,7 +146,7 @@ def clamp_timeout(requested: Any, ceiling: int) -> int:
 def working_dir(scope: SessionScope | None) -> Path | str:
     """The absolute directory the script runs in, or the refusal text saying what is wrong.
 
-    Checked before anything starts: a missing cwd used to cost the call its whole timeout.
+    Checked before anything starts, so a missing or unusable cwd is refused at once.
     """
     try:
         raw = scope.cwd if scope is not None and scope.cwd is not None else os.getcwd()

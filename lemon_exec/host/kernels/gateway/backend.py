@@ -127,7 +127,7 @@ class GatewayBackend:
         await kernel.kill()
 
     def warm_up(self, interpreter: str, env: dict[str, str]) -> None:
-        """Nothing to prepare here (the per-call spares are the modes')."""
+        """Nothing to prepare here (the per-call runs keep the spares)."""
 
     def emergency_cleanup(self) -> None:
         for kernel_id in list(self._starting):

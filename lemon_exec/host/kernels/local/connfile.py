@@ -2,11 +2,12 @@
 
 jupyter_client's ``write_connection_file`` adds the sticky bit to the directory holding the
 file (``chmod`` after the fact, meant for the shared Jupyter runtime directory, so that only
-a file's owner may remove it). Our connection files live in the staging root's private
-``runtime/`` directory, which must stay exactly 0700 as created: nobody else can enter it, so
-the sticky bit adds nothing, and a chmod after creation is what the staging contract rules
-out. This manager writes the same file itself, created at 0600 with ``O_EXCL | O_NOFOLLOW``
-(never through a planted file or link), and leaves the directory alone.
+a file's owner may remove it). Our connection files live in the host's private runtime
+directory (:mod:`lemon_exec.host.disk.runtime_base`), which must stay exactly 0700 as
+created: nobody else can enter it, so the sticky bit adds nothing, and a chmod after
+creation is what the staging contract rules out. This manager writes the same file itself,
+created at 0600 with ``O_EXCL | O_NOFOLLOW`` (never through a planted file or link), and
+leaves the directory alone.
 """
 
 from __future__ import annotations

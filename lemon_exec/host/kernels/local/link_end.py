@@ -3,9 +3,10 @@
 The host listens on a path in its private runtime directory before it starts the kernel,
 accepts the kernel's one connection, then removes the path, so nothing else can connect
 later. It reads from the event loop without waiting on the kernel: each readable event
-takes at most ``_READ_PER_EVENT`` bytes, cuts them into messages (:mod:`linkwire`) and hands
-each to the kernel handle, which checks the signature and routes it. Replies are written without
-blocking; what the socket does not take at once waits in order for it to drain.
+takes at most ``_READ_PER_EVENT`` bytes, cuts them into messages
+(:mod:`~lemon_exec.wire.link_framing`) and hands each to the kernel handle, which checks the
+signature and routes it. Replies are written without blocking; what the socket does not
+take at once waits in order for it to drain.
 
 The one exception is short and bounded: after a callback that answered a call, the reader
 polls the link for up to :data:`SPIN_S` before it returns to the loop, as long as the
