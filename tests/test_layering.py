@@ -66,7 +66,7 @@ FLOORS = (
         "host.run",
         "host.run",
         f"{_HOST_BASE} {_HOST_BELOW_RUN}",
-        "the run router both entry points call, call validation, results",
+        "the runner both entry points call: per-call and session runs, validation, results",
     ),
     floor(
         "entry",
@@ -255,9 +255,7 @@ def floor_of(module: str) -> Floor:
     for floor in FLOORS:
         for entry in floor.modules:
             inside = module.startswith(entry + ".") and entry != PACKAGE  # "." is one module
-            if (module == entry or inside) and (
-                best is None or len(entry) > best[0]
-            ):
+            if (module == entry or inside) and (best is None or len(entry) > best[0]):
                 best = (len(entry), floor)
     assert best is not None, f"{module} is on no floor: add it to FLOORS"
     return best[1]
