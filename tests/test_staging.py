@@ -408,3 +408,26 @@ def test_module_exports() -> None:
     assert set(tree_removal.__all__) >= {"remove_tree"}
     assert set(stale_roots.__all__) >= {"sweep_stale_roots"}
     assert set(private_fs.__all__) >= {"write_private_file"}
+
+
+@pytest.mark.parametrize("mode", [0o700, 0o1700])
+def test_an_owner_only_directory_passes_with_or_without_the_sticky_bit(
+    tmp_path: Path, mode: int
+) -> None:
+    """jupyter_client sets the sticky bit on a connection file's directory: it restricts
+    deletion only, so a 01700 runtime directory is as private as a 0700 one."""
+    path = tmp_path / "d"
+    path.mkdir()
+    os.chmod(path, mode)
+    private_fs.check_private_dir(path)
+    assert private_fs.is_own_private_dir(path)
+
+
+@pytest.mark.parametrize("mode", [0o710, 0o750, 0o1710, 0o755, 0o2700])
+def test_a_directory_others_can_enter_is_refused(tmp_path: Path, mode: int) -> None:
+    path = tmp_path / "d"
+    path.mkdir()
+    os.chmod(path, mode)
+    with pytest.raises(RefusedError, match=f"has mode {mode:04o}, not 0700"):
+        private_fs.check_private_dir(path)
+    assert not private_fs.is_own_private_dir(path)

@@ -58,6 +58,10 @@ def refused(reason: str) -> RefusedError:
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
+#: An owner-only directory: 0700, with or without the sticky bit (see check_private_dir).
+_PRIVATE_MODES = (0o700, 0o1700)
+
+
 def describe_os_error(exc: OSError) -> str:
     """``exc`` for a reader: its message and errno name, plus the fix when the disk is full.
 
@@ -77,10 +81,13 @@ def describe_os_error(exc: OSError) -> str:
 
 
 def check_private_dir(path: Path) -> None:
-    """Fail closed unless ``path`` is a real directory, owned by us, mode exactly 0700.
+    """Fail closed unless ``path`` is a real directory, owned by us, mode 0700.
 
-    ``runtime/`` included: jupyter_client would add the sticky bit to the directory of a
-    connection file it writes, so :mod:`lemon_exec.host.kernels.local.connfile` writes them instead.
+    The sticky bit is allowed (01700): it only restricts deletion, in a directory nobody else
+    can enter. jupyter_client sets it on the directory of a connection file it writes; the
+    host writes its own (:mod:`lemon_exec.host.kernels.local.connfile`), but a forked kernel
+    racing its template's death can still have jupyter_client write one back, and that
+    must not make the runtime directory refuse every later call.
     """
     try:
         st = os.lstat(path)
@@ -93,7 +100,7 @@ def check_private_dir(path: Path) -> None:
     if st.st_uid != os.getuid():
         raise refused(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}")
     mode = stat.S_IMODE(st.st_mode)
-    if mode != 0o700:
+    if mode not in _PRIVATE_MODES:
         raise refused(f"{path} has mode {mode:04o}, not 0700")
 
 
@@ -109,13 +116,15 @@ def ensure_private_dir(path: Path) -> None:
 
 
 def is_own_private_dir(path: Path) -> bool:
-    """Whether ``path`` (``lstat``, not followed) is a directory of ours, mode exactly 0700."""
+    """Whether ``path`` (``lstat``, not followed) is a directory of ours, mode 0700 (or 01700)."""
     try:
         st = os.lstat(path)
     except OSError:
         return False
     return (
-        stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and stat.S_IMODE(st.st_mode) == 0o700
+        stat.S_ISDIR(st.st_mode)
+        and st.st_uid == os.getuid()
+        and stat.S_IMODE(st.st_mode) in _PRIVATE_MODES
     )
 
 
