@@ -19,11 +19,11 @@ import os
 import secrets
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 #: Environment variable that marks processes started by this test session.
 SESSION_ENV = "LEMON_EXEC_TEST_SESSION"
@@ -48,7 +48,9 @@ def _marked_processes(marker: str) -> dict[int, tuple[list[bytes], int]]:
         proc = Path("/proc", entry)
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
-            if not any(arg.startswith((b"lemon_exec.kernel", b"lemon_exec.template")) for arg in argv):
+            if not any(
+                arg.startswith((b"lemon_exec.kernel", b"lemon_exec.template")) for arg in argv
+            ):
                 continue
             if needle not in (proc / "environ").read_bytes().split(b"\0"):
                 continue
@@ -97,17 +99,6 @@ def process_running(pid: int) -> bool:
         return False
     # The state follows the parenthesised command name, which may itself contain ")".
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(interval)
 
 
 def _ppid(proc: Path) -> int:

@@ -9,7 +9,8 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -40,6 +41,61 @@ def pid_gone(pid: int) -> bool:
 
 
 T = TypeVar("T")
+
+#: The default patience of the polling helpers: generous, because under a loaded 2-core
+#: machine a kernel start can take several seconds; a true condition returns at once.
+WAIT_S = 30.0
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float = WAIT_S, interval: float = 0.05
+) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value.
+
+    The one way the tests wait for a state (instead of sleeping a fixed time, then asserting
+    it): ``assert wait_until(lambda: ..., 10), "what did not happen"``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(interval)
+
+
+async def await_until(
+    predicate: Callable[[], object], timeout: float = WAIT_S, interval: float = 0.02
+) -> bool:
+    """:func:`wait_until` for code on an event loop: polls without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        await asyncio.sleep(interval)
+
+
+def wait_for_value(
+    produce: Callable[[], T | None],
+    timeout: float = WAIT_S,
+    what: str = "a value",
+    interval: float = 0.05,
+) -> T:
+    """The first non-None value ``produce`` returns, polled as :func:`wait_until` does;
+    AssertionError naming ``what`` if there is none within ``timeout`` seconds."""
+    found: list[T] = []
+
+    def produced() -> bool:
+        value = produce()
+        if value is not None:
+            found.append(value)
+        return value is not None
+
+    if not wait_until(produced, timeout, interval):
+        raise AssertionError(f"no {what} within {timeout} s")
+    return found[0]
 
 
 class LoopThread:

@@ -66,7 +66,8 @@ def test_missing_cwd_is_refused_at_once_naming_the_path(mode: str, tmp_path: Pat
     assert str(missing) in result.content
     assert "does not exist" in result.content
     assert "must not run" not in result.content
-    assert elapsed < 2, f"a missing cwd took {elapsed:.1f} s to refuse"
+    # Refused up front: long before the call's 30 s timeout.
+    assert elapsed < 15, f"a missing cwd took {elapsed:.1f} s to refuse"
 
 
 def test_cwd_that_is_a_file_is_refused(tool: ExecuteCode, tmp_path: Path) -> None:

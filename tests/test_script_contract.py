@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from support import wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 
@@ -86,8 +87,13 @@ def test_kernel_argv_is_restored_after_the_cell(run: Callable[..., ExecuteCodeRe
         "threading.Thread(target=lambda: (time.sleep(0.3), seen.append(list(sys.argv)))).start()",
         session="argv",
     )
-    time.sleep(1.0)
-    result = run("session", "print(seen[0][1:2], seen[0][2].endswith('.json'))", session="argv")
+    result = run(
+        "session",
+        "import time\nstart = time.monotonic()\n"
+        "while not seen and time.monotonic() - start < 30:\n    time.sleep(0.01)\n"
+        "print(seen[0][1:2], seen[0][2].endswith('.json'))",
+        session="argv",
+    )
     assert result.content == "['-f'] True\n", result.content
 
 
@@ -288,7 +294,13 @@ def test_cell_pipes_are_closed_once_their_writers_are_gone(
         run("session", "import subprocess\nsubprocess.Popen(['sleep', '0.3'])", session="fds")
     for _ in range(5):
         run("session", "print('plain cell')", session="fds")
-    time.sleep(1.5)  # the sleeps are over: every retired pipe has reached end of file
-    run("session", "import gc\ngc.collect()", session="fds")  # Popen objects hold no fds
-    after = int(run("session", count, session="fds").content)
-    assert after == before, (before, after)
+    counts: list[int] = []
+
+    def back_to_before() -> bool:
+        # Once the sleeps are over every retired pipe has reached end of file; Popen
+        # objects hold no fds once collected.
+        run("session", "import gc\ngc.collect()", session="fds")
+        counts.append(int(run("session", count, session="fds").content))
+        return counts[-1] == before
+
+    assert wait_until(back_to_before, 30, interval=0.2), (before, counts)

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import await_until
 from test_forkserver_races import cwd_of, kernel_request
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
@@ -106,9 +107,7 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
             assert took < 3.0, f"a stopped template held the start for {took:.1f} s"
             assert server.retired and not server.ready
             if reads_as == "stopped":  # resumed, so that it reaps and reports its kernels
-                deadline = time.monotonic() + 5
-                while state(template) == "T" and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)
+                await await_until(lambda: state(template) != "T", 5)
                 assert state(template) not in ("T", None)
             else:
                 os.kill(template, signal.SIGCONT)
@@ -158,7 +157,7 @@ def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
         ec = facade(short_dir, warm=2)
         try:
             await forked_template(ec)
-            await asyncio.sleep(1)  # the spares are forked
+            assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
             running = asyncio.create_task(ec.run("import time\ntime.sleep(3)\nprint('survived')"))
             await asyncio.sleep(0.5)
             stop = await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)")
@@ -187,7 +186,7 @@ def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_dir: 
         try:
             for _ in range(3):
                 await forked_template(ec)
-                await asyncio.sleep(0.5)  # spares are forked
+                assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
                 await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
                 results = await asyncio.gather(*(ec.run("print('ok')") for _ in range(4)))
                 rounds.append([r.content for r in results])
@@ -209,11 +208,10 @@ def test_a_spare_of_a_dead_template_is_never_handed_out(short_dir: Path) -> None
         ec = facade(short_dir, warm=2)
         try:
             template = await forked_template(ec)
-            deadline = time.monotonic() + 30
             # Both spares ready, and the used kernel gone: the template's children are spares.
-            while ec.snapshot().get("spares") != 2 or len(supervise.children(template)) != 2:
-                assert time.monotonic() < deadline, f"no spares were forked: {ec.snapshot()}"
-                await asyncio.sleep(0.1)
+            assert await await_until(
+                lambda: ec.snapshot().get("spares") == 2 and len(supervise.children(template)) == 2
+            ), f"no spares were forked: {ec.snapshot()}"
             spares = supervise.children(template)
             for pid in spares:
                 os.kill(pid, signal.SIGSTOP)

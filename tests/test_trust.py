@@ -127,7 +127,7 @@ def test_neutralizing_is_linear(hostile: str) -> None:
     # A quadratic scan of 300 k characters takes minutes; linear takes milliseconds.
     start = time.monotonic()
     neutralize_markers(hostile + END)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 30
 
 
 def _cell(*, tools: set[str] = frozenset(), accounting_loss: bool = False) -> CellResult:  # type: ignore[assignment]

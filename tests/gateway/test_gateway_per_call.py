@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 
 from lemon_exec import ExecuteCode, SessionScope
 
