@@ -18,12 +18,16 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import enabled_config, wait_until
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 #: Environment variable that marks processes started by this test session.
 SESSION_ENV = "LEMON_EXEC_TEST_SESSION"
@@ -217,6 +221,38 @@ def reap_dirs() -> Iterator[list[Path]]:
     finally:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """The anyio tests run on asyncio, the loop lemon_exec's facade lives on."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def dead_pid() -> int:
+    """The PID of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+@pytest.fixture(scope="session")
+def session_facade() -> Iterator[ExecuteCode]:
+    """One session-mode facade (no spares, default settings) for the tests that only run
+    scripts in session scopes of their own: their kernels are their scopes', so sharing the
+    facade shares only its start-up. Tests that change a setting use ``support.configured``."""
+    facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
+    yield facade
+    facade.close()
+
+
+@pytest.fixture(scope="session")
+def per_call_facade() -> Iterator[ExecuteCode]:
+    """One per-call facade of ``support.enabled_config()`` for the tests that only run
+    independent scripts (a fresh kernel each); a session scope still gets its own kernel."""
+    with ExecuteCode(enabled_config()) as facade:
+        yield facade
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

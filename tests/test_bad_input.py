@@ -27,7 +27,7 @@ from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.facade import MISSING_SCRIPT, NAN_TIMEOUT
 from lemon_exec.host.kernels import engine as engine_module
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 TIMEOUT_MS = 10_000
 

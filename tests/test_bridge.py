@@ -35,7 +35,7 @@ from lemon_exec.tools import (
 )
 from lemon_exec.wire import protocol
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 
 # -- the probe tool and the hooks ------------------------------------------------------------

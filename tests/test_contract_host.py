@@ -28,7 +28,7 @@ from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
 from lemon_exec.host.kernels.local_backend import LocalBackend
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 VAR = "LEMON_EXEC_TEST_FRESH_ENV"
 SHOW = f"import os\nprint(repr(os.environ.get({VAR!r})))\n"

@@ -26,7 +26,7 @@ from support import LoopThread, await_until, pid_gone
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.run.results import LOST_LINE, LOST_WHY
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 #: Ignores SIGINT, so only the SIGTERM / SIGKILL steps of the stop can end the kernel.

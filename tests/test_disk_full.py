@@ -27,7 +27,7 @@ from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.disk import runtime_base
 from lemon_exec.host.disk.staging import StagingRoot
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 WORKSPACE_REFUSED = "execute_code: could not create a private workspace: "
 FULL = "No space left on device (ENOSPC)"

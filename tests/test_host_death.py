@@ -30,6 +30,8 @@ from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc import supervise
 from lemon_exec.scope import SessionScope
 
+pytestmark = pytest.mark.kernel
+
 #: The bound the issue sets for "host SIGKILLed -> everything gone", with slack for CI.
 GONE_WITHIN_S = 3.0
 

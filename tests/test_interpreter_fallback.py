@@ -22,6 +22,8 @@ import pytest
 HOST = """
 import json, sys
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
+
+pytestmark = pytest.mark.kernel
 facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0))
 result = facade.run_sync("import sys\\ntext(sys.executable)")
 facade.close()

@@ -36,7 +36,7 @@ import pytest
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.disk.index import read_indexes
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_NAME = "lemon-python"

@@ -32,7 +32,7 @@ from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
 from lemon_exec.viewer import RESTART_REFUSED
 from lemon_exec.wire import protocol
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.kernel]
 
 AGENT_SETUP = "agent_var = {'answer': 42}\ntext('ready')"
 

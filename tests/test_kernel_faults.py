@@ -31,7 +31,7 @@ from support import pid_gone
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.host.disk.index import read_indexes
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 
 def tcp_sockets(pid: int | str = "self") -> list[str]:

@@ -31,11 +31,6 @@ HOSTILE = str(Path(__file__).parent / "mcp_upstream" / "hostile.py")
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 #: Upstream name -> the attribute it is offered as (docs/mcp.md, "Tool names").
 MAPPED = {
     "__set_name__": "set_name__",

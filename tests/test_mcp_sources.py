@@ -34,11 +34,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 SERVER = str(Path(__file__).parent / "mcp_upstream" / "server.py")
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 def _registry() -> ToolRegistry:
     registry = ToolRegistry()
     registry.add_mcp_server("up", command=sys.executable, args=[SERVER])

@@ -31,7 +31,7 @@ from lemon_exec.facade import (
     MISSING_SCRIPT,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 TIMEOUT_MS = 10_000
 WARM = 1

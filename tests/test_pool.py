@@ -16,7 +16,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels.local_backend import LocalBackend
 from lemon_exec.template.client import START_WAIT_S
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 PROBE = """
 import json, os

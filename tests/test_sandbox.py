@@ -36,7 +36,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.proc import supervise
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap, pytest.mark.kernel]
 
 #: "none" shows that every escape test fails without the sandbox.
 SANDBOX = os.environ.get("LEMON_TEST_SANDBOX", "bwrap")

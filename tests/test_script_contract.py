@@ -12,27 +12,22 @@
 
 from __future__ import annotations
 
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from support import wait_until
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
+from lemon_exec import ExecuteCode, ExecuteCodeResult, SessionScope
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 MODES = ("per_call", "session")
 
 
 @pytest.fixture(scope="module")
-def facade() -> Iterator[ExecuteCode]:
-    config = ExecuteCodeConfig(
-        enabled=True, warm_kernels=0, python_path=sys.executable, timeout_ms=30_000
-    )
-    with ExecuteCode(config) as ec:
-        yield ec
+def facade(per_call_facade: ExecuteCode) -> ExecuteCode:
+    return per_call_facade
 
 
 @pytest.fixture(scope="module")

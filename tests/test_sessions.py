@@ -28,7 +28,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.run.results import FALLBACK_NOTE, fallback_failed_note, lost_line
 from lemon_exec.tools import PolicyDecision, ToolCall
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 
 def policy(call: ToolCall) -> PolicyDecision:

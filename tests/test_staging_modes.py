@@ -27,7 +27,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.host.kernels.link_end import LinkEnd
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: Prints how the kernel running it was started.
 PROBE = """

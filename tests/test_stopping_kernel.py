@@ -20,7 +20,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.kernels.local_backend import LocalBackend
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 async def _template_pid(ec: ExecuteCode) -> int:

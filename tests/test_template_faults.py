@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +26,7 @@ from lemon_exec.proc import supervise
 from lemon_exec.template import client as forkserver
 from lemon_exec.template.client import ForkServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: Prints the kernel's template PID, or COLD for a kernel started without one.
 WHO = """
@@ -37,13 +34,6 @@ import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
 print(os.getppid() if b"lemon_exec.template.server" in parent else "COLD")
 """
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ltf-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def facade(base: Path, warm: int) -> ExecuteCode:
@@ -78,13 +68,13 @@ def state(pid: int) -> str | None:
 
 @pytest.mark.parametrize("reads_as", ["stopped", "idle"])
 def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
-    short_dir: Path, monkeypatch: pytest.MonkeyPatch, reads_as: str
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, reads_as: str
 ) -> None:
     """``stopped``: its /proc state says T. ``idle``: the same stopped template read as an
     idle sleeper (no CPU used, not runnable), which is how a wedged one looks."""
     if reads_as == "idle":
         monkeypatch.setattr(forkserver, "_process_state", lambda pid: ("S", 0))
-    template_cwd = short_dir / "template"
+    template_cwd = short_tmp / "template"
     template_cwd.mkdir()
 
     async def main() -> None:
@@ -94,12 +84,12 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
             assert await server.wait_ready(30), "the template did not start"
             template = server.template_pid
             assert template is not None
-            argv, cwd = kernel_request(short_dir, "first")
+            argv, cwd = kernel_request(short_tmp, "first")
             kernel = await server.fork(argv, dict(os.environ), cwd, None)
             cwd_of(kernel, str(template_cwd))
 
             os.kill(template, signal.SIGSTOP)
-            argv, cwd = kernel_request(short_dir, "second")
+            argv, cwd = kernel_request(short_tmp, "second")
             started = time.monotonic()
             with pytest.raises(OSError):
                 await server.fork(argv, dict(os.environ), cwd, None)
@@ -124,9 +114,9 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
 
 
 @pytest.mark.slow
-def test_calls_after_a_script_stopped_its_template_are_prompt(short_dir: Path) -> None:
+def test_calls_after_a_script_stopped_its_template_are_prompt(short_tmp: Path) -> None:
     async def main() -> list[tuple[float, str]]:
-        ec = facade(short_dir, warm=0)  # every start asks the template
+        ec = facade(short_tmp, warm=0)  # every start asks the template
         try:
             stopped = await forked_template(ec)
             stop = await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)")
@@ -151,10 +141,10 @@ def test_calls_after_a_script_stopped_its_template_are_prompt(short_dir: Path) -
 
 @pytest.mark.slow
 def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
-    short_dir: Path,
+    short_tmp: Path,
 ) -> None:
     async def main() -> None:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         try:
             await forked_template(ec)
             assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
@@ -174,14 +164,14 @@ def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
 
 
 @pytest.mark.slow
-def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_dir: Path) -> None:
+def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_tmp: Path) -> None:
     """Three rounds: a script kills its template, then four calls at once. Once in a few
     rounds under load, a kernel still starting when its template died wrote its removed
     connection file back, and the sticky bit jupyter_client then set on runtime/ made the
     host refuse every later call; or a spare about to die with the template was handed out."""
 
     async def main() -> list[list[str]]:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         rounds = []
         try:
             for _ in range(3):
@@ -199,13 +189,13 @@ def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_dir: 
 
 
 @pytest.mark.slow
-def test_a_spare_of_a_dead_template_is_never_handed_out(short_dir: Path) -> None:
+def test_a_spare_of_a_dead_template_is_never_handed_out(short_tmp: Path) -> None:
     """The spares of a killed template die with it, by their own parent watch: on a busy
     host a moment later. Here that moment is made long (the spares are stopped before the
     template is killed); a claim must take none of them."""
 
     async def main() -> list[Any]:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         try:
             template = await forked_template(ec)
             # Both spares ready, and the used kernel gone: the template's children are spares.

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.envelope import (
     END_SANITIZED,
     neutralize_markers,
@@ -193,10 +193,8 @@ def page_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def ec() -> Iterator[ExecuteCode]:
-    facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
-    yield facade
-    facade.close()
+def ec(session_facade: ExecuteCode) -> ExecuteCode:
+    return session_facade
 
 
 def _scope(tmp_path: Path, name: str) -> SessionScope:
