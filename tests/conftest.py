@@ -255,6 +255,24 @@ def per_call_facade() -> Iterator[ExecuteCode]:
         yield facade
 
 
+#: Kernel-starting tests of modules that carry no ``kernel`` mark of their own: a module
+#: name (every test in it) or ``module::test`` (one test, whatever its parameters).
+KERNEL_TESTS_MARKED_HERE = frozenset(
+    {
+        "test_prebuilt_shell.py",
+        "test_protocol_faults.py",
+        "test_public_api.py::test_async_context_manager_runs_and_cleans_up",
+    }
+)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # Marked as collected, so that -m sees the mark when it deselects.
+    module = item.path.name
+    if {module, f"{module}::{getattr(item, 'originalname', item.name)}"} & KERNEL_TESTS_MARKED_HERE:
+        item.add_marker(pytest.mark.kernel)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
     if any(item.get_closest_marker("bwrap") for item in items):

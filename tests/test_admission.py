@@ -204,6 +204,7 @@ def burst(facade: ExecuteCode, script: str, n: int) -> tuple[list[ExecuteCodeRes
     return results, errors
 
 
+@pytest.mark.kernel
 def test_cap_two_queue_three_ten_calls(session_kernels: Callable[..., set[int]]) -> None:
     facade = ExecuteCode(make_config(max_concurrent_per_call=2, max_queued_per_call=3))
     try:
@@ -234,6 +235,7 @@ def test_cap_two_queue_three_ten_calls(session_kernels: Callable[..., set[int]])
     assert sampler.max_engine <= 2
 
 
+@pytest.mark.kernel
 def test_queued_past_its_timeout_is_busy() -> None:
     facade = ExecuteCode(make_config(max_concurrent_per_call=1, max_queued_per_call=4))
     try:
@@ -260,6 +262,7 @@ def test_queued_past_its_timeout_is_busy() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_forty_concurrent_default_calls_all_return(
     session_kernels: Callable[..., set[int]],
 ) -> None:

@@ -44,6 +44,7 @@ def _is_number(value: Any) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.timeout(180)
+@pytest.mark.kernel
 def test_quick_json_subset(leak_watch: Any) -> None:
     proc = subprocess.Popen(
         [
@@ -232,6 +233,7 @@ def test_file_bridge_round_trip_pays_its_polling(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
+@pytest.mark.kernel
 def test_scaling_smoke_writes_tables_and_plots(tmp_path: Path, leak_watch: Any) -> None:
     page = tmp_path / "benchmarks.md"
     page.write_text("# Benchmarks\n")

@@ -113,6 +113,7 @@ def _run(client: BlockingKernelClient, code: str, timeout: float = 30) -> tuple[
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_reports_encrypted_ports_then_serves_interrupt_and_shutdown(
     launched: tuple[subprocess.Popen[bytes], dict[str, Any], FakeGateway], tmp_path: Path
 ) -> None:

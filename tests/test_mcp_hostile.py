@@ -147,6 +147,7 @@ text(json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_hostile_names_in_the_kernel_runs_still_finish() -> None:
     registry = _stdio_registry(default_registry())
     config = ExecuteCodeConfig(enabled=True, warm_kernels=0)
@@ -309,11 +310,13 @@ async def _through_the_kernel(registry: ToolRegistry, server: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_64_mib_answer_through_the_kernel_stdio() -> None:
     await _through_the_kernel(_stdio_registry(default_registry(), plain=True), "h")
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_64_mib_answer_through_the_kernel_http(http_big: str) -> None:
     registry = default_registry()
     registry.add_mcp_server("hh", url=http_big)

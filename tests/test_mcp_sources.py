@@ -265,6 +265,7 @@ def _config(**overrides: Any) -> ExecuteCodeConfig:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_script_calls_mcp_tools_within_budgets() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry
@@ -300,6 +301,7 @@ except ToolError as exc:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_result_bytes_budget_counts_mcp_results() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry
@@ -363,6 +365,7 @@ def test_run_refuses_a_bad_mcp_config(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_lemon_exec_mcp_with_mcp_config(tmp_path: Path) -> None:
     from mcp import Client, StdioServerParameters
 
@@ -395,6 +398,7 @@ text(json.dumps({"one": one, "twenty": twenty, "out": out}))
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
     """MCP calls run on their own lane (max_parallel_mcp, 16): even with the built-ins held
     to one call at a time, batch() of 20 upstream calls takes about two waves, not 20."""
@@ -414,6 +418,7 @@ async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_max_parallel_mcp_bounds_the_mcp_lane() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry

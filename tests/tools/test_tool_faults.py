@@ -85,6 +85,7 @@ def _grep_call(cwd: pathlib.Path, pattern: str = CATASTROPHIC) -> ToolCall:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_script_timeout_fires_on_time_during_a_catastrophic_grep(
     tmp_path: pathlib.Path, bad_file: pathlib.Path
 ) -> None:
@@ -365,6 +366,7 @@ def test_stuck_fetches_do_not_starve_other_tools(tmp_path: pathlib.Path, drip: D
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_dripping_fetches_in_one_script_leave_another_script_responsive(
     tmp_path: pathlib.Path, drip: DripServer
 ) -> None:
