@@ -266,16 +266,22 @@ KERNEL_TESTS_MARKED_HERE = frozenset(
 )
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    # Marked as collected, so that -m sees the mark when it deselects.
-    module = item.path.name
-    if {module, f"{module}::{getattr(item, 'originalname', item.name)}"} & KERNEL_TESTS_MARKED_HERE:
-        item.add_marker(pytest.mark.kernel)
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Marks added before -m deselects. Scenario notebooks (lemon_exec's notebook plugin)
+    # run their cells on real kernels.
+    for item in items:
+        module = item.path.name
+        name = getattr(item, "originalname", item.name)
+        if item.path.suffix == ".ipynb" or {module, f"{module}::{name}"} & KERNEL_TESTS_MARKED_HERE:
+            item.add_marker(pytest.mark.kernel)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_finish(session: pytest.Session) -> None:
     # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
-    if any(item.get_closest_marker("bwrap") for item in items):
+    if any(item.get_closest_marker("bwrap") for item in session.items):
         import support_debian
 
-        support_debian.ensure_for_session(config, "bwrap", "bubblewrap", "the sandbox tests")
+        support_debian.ensure_for_session(
+            session.config, "bwrap", "bubblewrap", "the sandbox tests"
+        )

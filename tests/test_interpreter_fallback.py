@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.kernel
+
 #: The host: one execute_code call with the default (blank) python_path, result as JSON.
 HOST = """
 import json, sys
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
-
-pytestmark = pytest.mark.kernel
 facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0))
 result = facade.run_sync("import sys\\ntext(sys.executable)")
 facade.close()

@@ -199,6 +199,7 @@ def _jobs() -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("only", [(), ("--only", "shell")])
+@pytest.mark.kernel
 async def test_stdio_sandbox_confines_execute_command(
     project: Path, listener: Listener, only: tuple[str, ...]
 ) -> None:
