@@ -14,13 +14,12 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import enabled_config
+from support import enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
@@ -55,10 +54,7 @@ def own_tool() -> Iterator[Callable[..., ExecuteCode]]:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
+    assert wait_until(predicate, timeout, interval=0.02), "timed out waiting"
 
 
 def mode_of(path: Path) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_client.connect import write_connection_file
+from support import wait_until
 
 from lemon_exec.proc import supervise
 from lemon_exec.template import client as forkserver
@@ -55,12 +56,8 @@ def running_children(pid: int) -> set[int]:
 
 
 def wait_children(template: int, expected: set[int], within: float = 5.0) -> set[int]:
-    deadline = time.monotonic() + within
-    while True:
-        found = running_children(template)
-        if found == expected or time.monotonic() > deadline:
-            return found
-        time.sleep(0.02)
+    wait_until(lambda: running_children(template) == expected, within, interval=0.02)
+    return running_children(template)
 
 
 @pytest.mark.parametrize("give_up", ["timeout", "cancel"])
