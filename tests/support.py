@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -157,3 +158,21 @@ def enabled_config(**overrides: Any) -> ExecuteCodeConfig:
     }
     values.update(overrides)
     return ExecuteCodeConfig(**values)
+
+
+def index_row(
+    kernel_id: str, phase: str | None = "idle", timeout: float = WAIT_S
+) -> dict[str, Any]:
+    """This process's row for ``kernel_id`` in the live-kernel index, once it is there (and
+    in ``phase``, unless that is None); the index is written within 0.2 s of a change."""
+    from lemon_exec.host.disk.index import read_indexes
+
+    def row() -> dict[str, Any] | None:
+        rows = [
+            r
+            for r in read_indexes()
+            if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()
+        ]
+        return dict(rows[0]) if rows and phase in (None, rows[0].get("phase")) else None
+
+    return wait_for_value(row, timeout, f"{phase or 'any'} row of kernel {kernel_id} in the index")

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from mcp_upstream import serving_http
+from support import await_until
 
 from lemon_exec import ExecuteCodeConfig
 from lemon_exec.errors import ToolDenied, ToolFailure
@@ -158,12 +159,7 @@ def _alive(pid: int) -> bool:
 
 
 async def _gone(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+    return await await_until(lambda: not _alive(pid), within, interval=0.05)
 
 
 async def test_crash_restart_and_close() -> None:
