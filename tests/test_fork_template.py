@@ -24,7 +24,7 @@ pytestmark = [
 
 HEAP_PROBE = """
 import ctypes, json
-from lemon_exec.kernel import heap
+from lemon_exec.template import heap
 libc = heap._libc()
 libc.free.argtypes = [ctypes.c_void_p]
 kept, freed = [], []
