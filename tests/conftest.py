@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: leak checks for kernel processes and staging roots.
+"""Suite-wide fixtures: leak checks for kernel processes and staging roots, the shared
+setups (facades, a dead PID, the anyio backend) and the ``kernel`` marks made here.
 
 Every kernel this test session starts, directly or through a ``lemon-exec`` subprocess,
 inherits the environment variable :data:`SESSION_ENV` with a value unique to the session.

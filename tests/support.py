@@ -51,7 +51,7 @@ WAIT_S = 30.0
 def wait_until(
     predicate: Callable[[], object], timeout: float = WAIT_S, interval: float = 0.05
 ) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value.
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; whether it came true.
 
     The one way the tests wait for a state (instead of sleeping a fixed time, then asserting
     it): ``assert wait_until(lambda: ..., 10), "what did not happen"``.
