@@ -238,20 +238,24 @@ def dead_pid() -> int:
     return proc.pid
 
 
-@pytest.fixture(scope="session")
+# The shared facades are per module, not per session: their idle kernels would otherwise
+# live on into later modules, whose checks count this process's kernels.
+
+
+@pytest.fixture(scope="module")
 def session_facade() -> Iterator[ExecuteCode]:
-    """One session-mode facade (no spares, default settings) for the tests that only run
-    scripts in session scopes of their own: their kernels are their scopes', so sharing the
-    facade shares only its start-up. Tests that change a setting use ``support.configured``."""
+    """A session-mode facade (no spares, default settings) shared by a module's tests that
+    only run scripts in session scopes of their own. Tests that change a setting use
+    ``support.configured``."""
     facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
     yield facade
     facade.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def per_call_facade() -> Iterator[ExecuteCode]:
-    """One per-call facade of ``support.enabled_config()`` for the tests that only run
-    independent scripts (a fresh kernel each); a session scope still gets its own kernel."""
+    """A per-call facade of ``support.enabled_config()`` shared by a module's tests that only
+    run independent scripts (a fresh kernel each); a session scope gets its own kernel."""
     with ExecuteCode(enabled_config()) as facade:
         yield facade
 
