@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: leak checks for kernel processes and staging roots.
+"""Suite-wide fixtures: leak checks for kernel processes and staging roots, the shared
+setups (facades, a dead PID, the anyio backend) and the ``kernel`` marks made here.
 
 Every kernel this test session starts, directly or through a ``lemon-exec`` subprocess,
 inherits the environment variable :data:`SESSION_ENV` with a value unique to the session.
@@ -18,12 +19,16 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
+import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import enabled_config, wait_until
+
+from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 #: Environment variable that marks processes started by this test session.
 SESSION_ENV = "LEMON_EXEC_TEST_SESSION"
@@ -99,17 +104,6 @@ def process_running(pid: int) -> bool:
         return False
     # The state follows the parenthesised command name, which may itself contain ")".
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return predicate()
-        time.sleep(interval)
 
 
 def _ppid(proc: Path) -> int:
@@ -230,9 +224,69 @@ def reap_dirs() -> Iterator[list[Path]]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.fixture
+def anyio_backend() -> str:
+    """The anyio tests run on asyncio, the loop lemon_exec's facade lives on."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def dead_pid() -> int:
+    """The PID of a process that has ended (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+# The shared facades are per module, not per session: their idle kernels would otherwise
+# live on into later modules, whose checks count this process's kernels.
+
+
+@pytest.fixture(scope="module")
+def session_facade() -> Iterator[ExecuteCode]:
+    """A session-mode facade (no spares, default settings) shared by a module's tests that
+    only run scripts in session scopes of their own. Tests that change a setting use
+    ``support.configured``."""
+    facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
+    yield facade
+    facade.close()
+
+
+@pytest.fixture(scope="module")
+def per_call_facade() -> Iterator[ExecuteCode]:
+    """A per-call facade of ``support.enabled_config()`` shared by a module's tests that only
+    run independent scripts (a fresh kernel each); a session scope gets its own kernel."""
+    with ExecuteCode(enabled_config()) as facade:
+        yield facade
+
+
+#: Kernel-starting tests of modules that carry no ``kernel`` mark of their own: a module
+#: name (every test in it) or ``module::test`` (one test, whatever its parameters).
+KERNEL_TESTS_MARKED_HERE = frozenset(
+    {
+        "test_prebuilt_shell.py",
+        "test_protocol_faults.py",
+        "test_public_api.py::test_async_context_manager_runs_and_cleans_up",
+    }
+)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Marks added before -m deselects. Scenario notebooks (lemon_exec's notebook plugin)
+    # run their cells on real kernels.
+    for item in items:
+        module = item.path.name
+        name = getattr(item, "originalname", item.name)
+        if item.path.suffix == ".ipynb" or {module, f"{module}::{name}"} & KERNEL_TESTS_MARKED_HERE:
+            item.add_marker(pytest.mark.kernel)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
     # Before any test runs: a selection with sandbox tests gets bubblewrap, or one clear stop.
-    if any(item.get_closest_marker("bwrap") for item in items):
+    if any(item.get_closest_marker("bwrap") for item in session.items):
         import support_debian
 
-        support_debian.ensure_for_session(config, "bwrap", "bubblewrap", "the sandbox tests")
+        support_debian.ensure_for_session(
+            session.config, "bwrap", "bubblewrap", "the sandbox tests"
+        )

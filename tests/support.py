@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Iterator
+import time
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -47,6 +49,61 @@ def pid_gone(pid: int) -> bool:
 
 
 T = TypeVar("T")
+
+#: The default patience of the polling helpers: generous, because under a loaded 2-core
+#: machine a kernel start can take several seconds; a true condition returns at once.
+WAIT_S = 30.0
+
+
+def wait_until(
+    predicate: Callable[[], object], timeout: float = WAIT_S, interval: float = 0.05
+) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; whether it came true.
+
+    The one way the tests wait for a state (instead of sleeping a fixed time, then asserting
+    it): ``assert wait_until(lambda: ..., 10), "what did not happen"``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        time.sleep(interval)
+
+
+async def await_until(
+    predicate: Callable[[], object], timeout: float = WAIT_S, interval: float = 0.02
+) -> bool:
+    """:func:`wait_until` for code on an event loop: polls without blocking the loop."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(predicate())
+        await asyncio.sleep(interval)
+
+
+def wait_for_value(
+    produce: Callable[[], T | None],
+    timeout: float = WAIT_S,
+    what: str = "a value",
+    interval: float = 0.05,
+) -> T:
+    """The first non-None value ``produce`` returns, polled as :func:`wait_until` does;
+    AssertionError naming ``what`` if there is none within ``timeout`` seconds."""
+    found: list[T] = []
+
+    def produced() -> bool:
+        value = produce()
+        if value is not None:
+            found.append(value)
+        return value is not None
+
+    if not wait_until(produced, timeout, interval):
+        raise AssertionError(f"no {what} within {timeout} s")
+    return found[0]
 
 
 class LoopThread:
@@ -108,3 +165,21 @@ def enabled_config(**overrides: Any) -> ExecuteCodeConfig:
     }
     values.update(overrides)
     return ExecuteCodeConfig(**values)
+
+
+def index_row(
+    kernel_id: str, phase: str | None = "idle", timeout: float = WAIT_S
+) -> dict[str, Any]:
+    """This process's row for ``kernel_id`` in the live-kernel index, once it is there (and
+    in ``phase``, unless that is None); the index is written within 0.2 s of a change."""
+    from lemon_exec.host.disk.index import read_indexes
+
+    def row() -> dict[str, Any] | None:
+        rows = [
+            r
+            for r in read_indexes()
+            if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()
+        ]
+        return dict(rows[0]) if rows and phase in (None, rows[0].get("phase")) else None
+
+    return wait_for_value(row, timeout, f"{phase or 'any'} row of kernel {kernel_id} in the index")

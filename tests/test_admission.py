@@ -14,8 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import wait_until
-from support import enabled_config
+from support import await_until, enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult
 from lemon_exec.host.percall.admission import Admission, Denied, Slot, default_limit
@@ -74,8 +73,7 @@ def test_fifo_handoff_queue_full_and_timeout() -> None:
         assert isinstance(first, Slot) and gate.running == 1
         second = asyncio.ensure_future(gate.acquire(far))
         third = asyncio.ensure_future(gate.acquire(far))
-        await asyncio.sleep(0.01)
-        assert gate.waiting == 2
+        assert await await_until(lambda: gate.waiting == 2)
         full = await gate.acquire(far)
         assert isinstance(full, Denied) and full.reason == "queue_full"
         assert (full.running, full.waiting) == (1, 2)
@@ -109,7 +107,7 @@ def test_abort_and_cancellation_leave_the_queue() -> None:
         by_event = asyncio.ensure_future(gate.acquire(far, aborted))
         by_thread = asyncio.ensure_future(gate.acquire(far, threaded))
         killed = asyncio.ensure_future(gate.acquire(far))
-        await asyncio.sleep(0.01)
+        assert await await_until(lambda: gate.waiting == 3)
         aborted.set()
         threaded.set()
         killed.cancel()
@@ -129,7 +127,7 @@ def test_close_turns_waiters_away() -> None:
         gate = Admission(limit=1, queue=4)
         held = await gate.acquire(time.monotonic() + 10)
         waiter = asyncio.ensure_future(gate.acquire(time.monotonic() + 10))
-        await asyncio.sleep(0.01)
+        assert await await_until(lambda: gate.waiting == 1)
         gate.close()
         denied = await waiter
         assert isinstance(denied, Denied) and denied.reason == "closed"
@@ -202,6 +200,7 @@ def burst(facade: ExecuteCode, script: str, n: int) -> tuple[list[ExecuteCodeRes
     return results, errors
 
 
+@pytest.mark.kernel
 def test_cap_two_queue_three_ten_calls(session_kernels: Callable[..., set[int]]) -> None:
     facade = ExecuteCode(make_config(max_concurrent_per_call=2, max_queued_per_call=3))
     try:
@@ -232,6 +231,7 @@ def test_cap_two_queue_three_ten_calls(session_kernels: Callable[..., set[int]])
     assert sampler.max_engine <= 2
 
 
+@pytest.mark.kernel
 def test_queued_past_its_timeout_is_busy() -> None:
     facade = ExecuteCode(make_config(max_concurrent_per_call=1, max_queued_per_call=4))
     try:
@@ -245,6 +245,7 @@ def test_queued_past_its_timeout_is_busy() -> None:
         started = time.monotonic()
         result = facade.run_sync("text('must not run')", timeout_ms=1000)
         elapsed = time.monotonic() - started
+        holder_still_ran = holder.is_alive()
         holder.join()
     finally:
         facade.close()
@@ -253,10 +254,11 @@ def test_queued_past_its_timeout_is_busy() -> None:
     assert result.content.startswith("execute_code is busy: this call waited ")
     assert "nothing ran" in result.content
     assert "must not run" not in result.content
-    assert 0.9 < elapsed < 2.5
+    assert elapsed > 0.9 and holder_still_ran  # left at its deadline, not when the slot freed
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_forty_concurrent_default_calls_all_return(
     session_kernels: Callable[..., set[int]],
 ) -> None:

@@ -35,7 +35,7 @@ from lemon_exec.tools import (
 )
 from lemon_exec.wire import protocol
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 
 # -- the probe tool and the hooks ------------------------------------------------------------
@@ -496,7 +496,6 @@ def test_batch_concurrency_bounded_by_max_parallel(
     assert PROBE.max_active == parallel  # overlap, but never more than max_parallel_rpc
     waves = 9 // parallel
     assert elapsed >= waves * 0.15 * 0.9
-    assert elapsed < waves * 0.15 + 1.5
     assert result.details["rpc_calls"] == 9
 
 
@@ -969,7 +968,7 @@ text(json.dumps({{"seconds": time.perf_counter() - t0, "ok": got == ['hello\\nwo
     assert result.details["exit_code"] == 0, result.content
     data = last_json(result.content)
     assert data["ok"] is True
-    assert data["seconds"] < 1.0, data  # the stalled thread holds for 2 s
+    assert data["seconds"] < 1.5, data  # the stalled thread holds for 2 s
 
 
 def test_output_sent_before_a_frame_stays_before_it(ec: ExecuteCode, scope: SessionScope) -> None:

@@ -44,6 +44,7 @@ def test_version_flag(cli: Run) -> None:
 # --- live output ---------------------------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_run_streams_output_while_the_script_runs(tmp_path: Path, leak_watch: Any) -> None:
     # The script prints, then waits until the test has seen that line on the CLI's stdout:
     # without live streaming the line would only come at the end, after the wait.
@@ -87,6 +88,7 @@ def test_run_streams_output_while_the_script_runs(tmp_path: Path, leak_watch: An
 # --- tracebacks and sys.argv ---------------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_traceback_names_the_users_file(cli: Run, tmp_path: Path) -> None:
     (tmp_path / "pkg").mkdir()
     write(tmp_path, "pkg/foo.py", "x = 1\n\ndef f():\n    raise ValueError('bad')\n\nf()\n")
@@ -98,12 +100,14 @@ def test_traceback_names_the_users_file(cli: Run, tmp_path: Path) -> None:
     assert done.stdout.rstrip().endswith("Script raised ValueError: bad")
 
 
+@pytest.mark.kernel
 def test_traceback_of_stdin_script_names_stdin(cli: Run) -> None:
     done = cli("run", "-", input="\n1 / 0\n")
     assert done.returncode == 1
     assert 'File "<stdin>", line 2, in <module>' in done.stdout
 
 
+@pytest.mark.kernel
 def test_script_arguments_become_sys_argv(cli: Run, tmp_path: Path) -> None:
     script = write(tmp_path, "args.py", "import json, sys\nprint(json.dumps(sys.argv))\n")
     done = cli("run", "args.py", "--", "one", "--json", "three four")

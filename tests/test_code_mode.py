@@ -27,7 +27,7 @@ from lemon_exec.tools import (
 )
 from lemon_exec.tools._toolset import toolset
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "tools.md"
 

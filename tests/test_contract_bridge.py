@@ -10,20 +10,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import configured, text_frame_bytes
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.cell.host_bridge import BridgeLimits, HostBridge
 from lemon_exec.host.run.results import DIAGNOSTICS_HEADER, TEXT_HEADER
 from lemon_exec.tools import ToolHost, ToolRegistry
 from lemon_exec.wire import protocol, text_budget
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 MIB = 1 << 20
 
@@ -41,10 +40,8 @@ def scope(work: Path) -> SessionScope:
 
 
 @pytest.fixture(scope="module")
-def ec() -> Iterator[ExecuteCode]:
-    facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
-    yield facade
-    facade.close()
+def ec(session_facade: ExecuteCode) -> ExecuteCode:
+    return session_facade
 
 
 def run(ec: ExecuteCode, scope: SessionScope, script: str, **kwargs: Any) -> Any:

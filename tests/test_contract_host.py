@@ -14,20 +14,19 @@ import os
 import shutil
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import enabled_config
+from support import enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
 from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 VAR = "LEMON_EXEC_TEST_FRESH_ENV"
 SHOW = f"import os\nprint(repr(os.environ.get({VAR!r})))\n"
@@ -54,10 +53,7 @@ def own_tool() -> Iterator[Callable[..., ExecuteCode]]:
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.02)
+    assert wait_until(predicate, timeout, interval=0.02), "timed out waiting"
 
 
 def mode_of(path: Path) -> int:

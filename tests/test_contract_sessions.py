@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import pytest
-from support import LoopThread, pid_gone
+from support import LoopThread, await_until, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.run.results import LOST_LINE, LOST_WHY
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 #: Ignores SIGINT, so only the SIGTERM / SIGKILL steps of the stop can end the kernel.
@@ -78,15 +78,6 @@ async def pid_of(facade: ExecuteCode, scope: SessionScope) -> int:
     result = await facade.run("import os\nprint(os.getpid())", scope=scope)
     assert result.details["exit_code"] == 0, result.content
     return int(result.content.splitlines()[-1])
-
-
-async def wait_until(predicate: Callable[[], bool], seconds: float = 10.0) -> bool:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        await asyncio.sleep(0.02)
-    return predicate()
 
 
 class KernelSampler:
@@ -250,7 +241,7 @@ def test_queued_caller_leaving_reports_state_retained_false(
         active = asyncio.ensure_future(
             ec.run("import time\ntime.sleep(2.5)\na_done = True", scope=scope)
         )
-        assert await wait_until(lambda: ec.snapshot()["phases"]["running"] >= 1)
+        assert await await_until(lambda: ec.snapshot()["phases"]["running"] >= 1)
         flag: Literal["timed_out", "cancelled"]
         if how == "timeout":
             queued = await ec.run("b_ran = True", scope=scope, timeout_ms=1000)
@@ -356,7 +347,7 @@ def test_lost_line_after_a_kill_while_idle(ec: ExecuteCode, work: Path, go: Any)
         await ec.run("x = 1", scope=scope)
         os.kill(pid, signal.SIGKILL)
         # Reaped (not just a zombie) and reported: the host can tell before the next call.
-        assert await wait_until(lambda: not Path(f"/proc/{pid}").exists(), 5)
+        assert await await_until(lambda: not Path(f"/proc/{pid}").exists(), 5)
         await asyncio.sleep(0.2)
         await assert_told(ec, scope, "crashed")
 
@@ -376,7 +367,7 @@ def test_lost_line_after_eviction_and_reaping(work: Path, go: Any) -> None:
             await assert_told(capped, a, "evicted")
             assert capped.snapshot()["evicted_total"] == 2  # A's return evicted B
             await reaping.run("x = 1", scope=r)
-            assert await wait_until(lambda: reaping.snapshot()["reaped_total"] == 1, 5)
+            assert await await_until(lambda: reaping.snapshot()["reaped_total"] == 1, 5)
             await assert_told(reaping, r, "reaped")
         finally:
             await capped.aclose()

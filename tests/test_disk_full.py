@@ -28,7 +28,7 @@ from lemon_exec.host.disk import runtime_base
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.run.diagnostics import Diagnostics
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 WORKSPACE_REFUSED = "execute_code: could not create a private workspace: "
 FULL = "No space left on device (ENOSPC)"

@@ -22,51 +22,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def test_docs_build_without_warnings(tmp_path: Path) -> None:
-    pytest.importorskip("sphinx")
-    pytest.importorskip("myst_parser")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sphinx",
-            "-W",
-            "--keep-going",
-            "-q",
-            "-b",
-            "html",
-            "-d",
-            str(tmp_path / "doctrees"),
-            str(DOCS),
-            str(tmp_path / "html"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
-    assert proc.returncode == 0, f"sphinx-build failed:\n{proc.stdout}\n{proc.stderr}"
-    for page in (
-        "index",
-        "getting-started",
-        "modes",
-        "inspection",
-        "notebooks",
-        "security",
-        "reference/config",
-    ):
-        assert (tmp_path / "html" / f"{page}.html").is_file(), page
+class Build:
+    """One Sphinx build of a copy of docs/ (``src``) into ``out``, and what it printed."""
 
-
-def _build(src: Path, out: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "sphinx", "-W", "-q", "-b", "html"]
-    return subprocess.run(
-        [*command, "-d", str(out / "doctrees"), str(src), str(out / "html")],
-        capture_output=True,
-        text=True,
-        timeout=280,
-        check=False,
-    )
+    def __init__(self, root: Path) -> None:
+        # The copy's configuration reference is out of date, as a checkout's is after a
+        # setting changes: the build must render the current settings without rewriting it.
+        self.src = root / "docs"
+        self.out = root / "out"
+        shutil.copytree(DOCS, self.src, ignore=shutil.ignore_patterns("_build", "__pycache__"))
+        (self.src / "reference" / "config.md").write_text("# Configuration reference\n\nstale\n")
+        self.sources_before = _digests(self.src)
+        command = [sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-b", "html"]
+        self.proc = subprocess.run(
+            [*command, "-d", str(self.out / "doctrees"), str(self.src), str(self.out / "html")],
+            capture_output=True,
+            text=True,
+            timeout=280,
+            check=False,
+        )
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -77,21 +51,36 @@ def _digests(root: Path) -> dict[str, str]:
     }
 
 
-def test_docs_build_writes_no_source_file(tmp_path: Path) -> None:
-    # A copy of docs/ whose configuration reference is out of date, as a checkout's is after
-    # a setting changes: the build must render the current settings without rewriting it.
+@pytest.fixture(scope="module")
+def build(tmp_path_factory: pytest.TempPathFactory) -> Build:
+    """The one (slow) build both build tests look at."""
     pytest.importorskip("sphinx")
     pytest.importorskip("myst_parser")
-    src = tmp_path / "docs"
-    shutil.copytree(DOCS, src, ignore=shutil.ignore_patterns("_build", "__pycache__"))
-    (src / "reference" / "config.md").write_text("# Configuration reference\n\nstale\n")
-    before = _digests(src)
-    proc = _build(src, tmp_path / "out")
-    assert proc.returncode == 0, f"sphinx-build failed:\n{proc.stdout}\n{proc.stderr}"
-    assert _digests(src) == before, "the docs build rewrote a source file"
+    return Build(tmp_path_factory.mktemp("docs-build"))
+
+
+def test_docs_build_without_warnings(build: Build) -> None:
+    assert build.proc.returncode == 0, (
+        f"sphinx-build failed:\n{build.proc.stdout}\n{build.proc.stderr}"
+    )
+    for page in (
+        "index",
+        "getting-started",
+        "modes",
+        "inspection",
+        "notebooks",
+        "security",
+        "reference/config",
+    ):
+        assert (build.out / "html" / f"{page}.html").is_file(), page
+
+
+def test_docs_build_writes_no_source_file(build: Build) -> None:
+    assert build.proc.returncode == 0, build.proc.stderr
+    assert _digests(build.src) == build.sources_before, "the docs build rewrote a source file"
     from lemon_exec.config import ExecuteCodeConfig
 
-    html = (tmp_path / "out" / "html" / "reference" / "config.html").read_text()
+    html = (build.out / "html" / "reference" / "config.html").read_text()
     for name in ExecuteCodeConfig.class_traits(config=True):
         assert f'id="config-{name.replace("_", "-")}"' in html, name
 

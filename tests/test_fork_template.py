@@ -19,6 +19,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig
 pytestmark = [
     pytest.mark.timeout(60),
     pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and fork: Linux"),
+    pytest.mark.kernel,
 ]
 
 HEAP_PROBE = """

@@ -12,32 +12,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from jupyter_client.connect import write_connection_file
-from support import pid_gone
+from support import pid_gone, wait_until
 
 from lemon_exec.proc import supervise
 from lemon_exec.template import client as forkserver
 from lemon_exec.template.client import ForkServer
 from lemon_exec.template.provisioner import ForkedProcess
 
-pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    """A short directory: ipc socket paths must fit in 107 bytes."""
-    path = Path(tempfile.mkdtemp(prefix="lfr-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 
 def kernel_request(base: Path, name: str) -> tuple[list[str], str]:
@@ -68,21 +57,17 @@ def running_children(pid: int) -> set[int]:
 
 
 def wait_children(template: int, expected: set[int], within: float = 5.0) -> set[int]:
-    deadline = time.monotonic() + within
-    while True:
-        found = running_children(template)
-        if found == expected or time.monotonic() > deadline:
-            return found
-        time.sleep(0.02)
+    wait_until(lambda: running_children(template) == expected, within, interval=0.02)
+    return running_children(template)
 
 
 @pytest.mark.parametrize("give_up", ["timeout", "cancel"])
 def test_late_reply_never_answers_the_next_request(
-    short_dir: Path, monkeypatch: pytest.MonkeyPatch, give_up: str
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, give_up: str
 ) -> None:
     monkeypatch.setattr(forkserver, "_REQUEST_TIMEOUT_S", 0.3)
     monkeypatch.setattr(forkserver, "_process_state", lambda pid: ("R", 0))  # just slow
-    template_cwd = short_dir / "template"
+    template_cwd = short_tmp / "template"
     template_cwd.mkdir()
 
     async def main() -> None:
@@ -92,8 +77,8 @@ def test_late_reply_never_answers_the_next_request(
             assert await server.wait_ready(30), "the template did not start"
             template = server.pid
             assert template is not None
-            first_argv, first_cwd = kernel_request(short_dir, "first")
-            second_argv, second_cwd = kernel_request(short_dir, "second")
+            first_argv, first_cwd = kernel_request(short_tmp, "first")
+            second_argv, second_cwd = kernel_request(short_tmp, "second")
 
             os.kill(template, signal.SIGSTOP)
             try:
@@ -125,8 +110,8 @@ def test_late_reply_never_answers_the_next_request(
     asyncio.run(main())
 
 
-def test_concurrent_requests_each_get_their_own_kernel(short_dir: Path) -> None:
-    template_cwd = short_dir / "template"
+def test_concurrent_requests_each_get_their_own_kernel(short_tmp: Path) -> None:
+    template_cwd = short_tmp / "template"
     template_cwd.mkdir()
 
     async def main() -> None:
@@ -134,7 +119,7 @@ def test_concurrent_requests_each_get_their_own_kernel(short_dir: Path) -> None:
         await server.start()
         try:
             assert await server.wait_ready(30), "the template did not start"
-            requests = [kernel_request(short_dir, f"k{i}") for i in range(3)]
+            requests = [kernel_request(short_tmp, f"k{i}") for i in range(3)]
             pids = await asyncio.gather(
                 *(server.fork(argv, dict(os.environ), cwd, None) for argv, cwd in requests)
             )
@@ -145,13 +130,13 @@ def test_concurrent_requests_each_get_their_own_kernel(short_dir: Path) -> None:
     asyncio.run(main())
 
 
-def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> None:
+def test_exit_status_is_the_templates_report_not_a_guess(short_tmp: Path) -> None:
     """A kernel reaped by the template, its report not yet read, still gets its real status.
 
     The host sees the pid gone before it reads the template's exit report; reading that as
     "killed" (-9) would turn ``os._exit(7)`` into "Script exited with code -9".
     """
-    template_cwd = short_dir / "template"
+    template_cwd = short_tmp / "template"
     template_cwd.mkdir()
 
     async def main() -> None:
@@ -159,7 +144,7 @@ def test_exit_status_is_the_templates_report_not_a_guess(short_dir: Path) -> Non
         await server.start()
         try:
             assert await server.wait_ready(30), "the template did not start"
-            argv, cwd = kernel_request(short_dir, "k")
+            argv, cwd = kernel_request(short_tmp, "k")
             pid = await server.fork(argv, dict(os.environ), cwd, None)
             cwd_of(pid, str(template_cwd))
             process = ForkedProcess(server, pid)

@@ -11,7 +11,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -113,6 +112,7 @@ def _run(client: BlockingKernelClient, code: str, timeout: float = 30) -> tuple[
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_reports_encrypted_ports_then_serves_interrupt_and_shutdown(
     launched: tuple[subprocess.Popen[bytes], dict[str, Any], FakeGateway], tmp_path: Path
 ) -> None:
@@ -127,8 +127,11 @@ def test_reports_encrypted_ports_then_serves_interrupt_and_shutdown(
 
         # A running cell is interrupted through the comm socket ({"signum": 2}), as the
         # gateway's REST interrupt does for a remote kernel; state survives.
-        msg_id = client.execute("import time\ntime.sleep(60)")
-        time.sleep(1.0)
+        msg_id = client.execute("import time\nprint('sleeping', flush=True)\ntime.sleep(60)")
+        while True:  # until the cell runs
+            msg = client.get_iopub_msg(timeout=20)
+            if msg["parent_header"].get("msg_id") == msg_id and msg["msg_type"] == "stream":
+                break
         gateway.request(info, {"signum": 0})  # the gateway's liveness poll: a no-op
         gateway.request(info, {"signum": 2})
         reply = client.get_shell_msg(timeout=20)

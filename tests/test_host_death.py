@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
-from support import mcp_call_execute_code, pid_gone
+from support import mcp_call_execute_code, pid_gone, wait_for_value, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host.disk import hygiene
@@ -31,6 +30,8 @@ from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc import supervise
 from lemon_exec.scope import SessionScope
+
+pytestmark = pytest.mark.kernel
 
 #: The bound the issue sets for "host SIGKILLed -> everything gone", with slack for CI.
 GONE_WITHIN_S = 3.0
@@ -63,23 +64,17 @@ def daemon_script(pid_file: Path, *, block: bool) -> str:
 def read_pids(
     path: Path, within: float = 60.0, host: subprocess.Popen[bytes] | None = None
 ) -> list[int]:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline:
+    def written() -> list[int] | None:
         assert host is None or host.poll() is None, "the host exited early"
-        if path.exists():
-            return [int(p) for p in path.read_text().split()]
-        time.sleep(0.05)
-    raise AssertionError(f"the script wrote no {path} within {within} s")
+        return [int(p) for p in path.read_text().split()] if path.exists() else None
+
+    return wait_for_value(written, within, f"pids written to {path}")
 
 
 def all_gone(pids: set[int], within: float = GONE_WITHIN_S) -> set[int]:
     """The PIDs still running after ``within`` seconds (zombies count as gone)."""
-    deadline = time.monotonic() + within
-    while True:
-        left = {p for p in pids if not pid_gone(p)}
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.05)
+    wait_until(lambda: all(pid_gone(p) for p in pids), within)
+    return {p for p in pids if not pid_gone(p)}
 
 
 def below(pid: int) -> set[int]:

@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.kernel
+
 #: The host: one execute_code call with the default (blank) python_path, result as JSON.
 HOST = """
 import json, sys

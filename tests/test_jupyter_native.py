@@ -32,11 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import index_row
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
-from lemon_exec.host.disk.index import read_indexes
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_NAME = "lemon-python"
@@ -263,22 +263,6 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ExecuteCode
         tool.close()
 
 
-def _index_row(kernel_id: str, timeout: float = 5.0) -> dict[str, Any]:
-    """This process's index row for ``kernel_id`` (the index is written within 0.2 s)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = [
-            r
-            for r in read_indexes()
-            if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()
-        ]
-        if rows and rows[0].get("phase") == "idle":
-            return rows[0]
-        if time.monotonic() > deadline:
-            raise AssertionError(f"kernel {kernel_id} not in the live-kernel index: {rows}")
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def agent_kernel(host: tuple[ExecuteCode, SessionScope]) -> dict[str, Any]:
     """The agent's session kernel after its first call set ``agent_var``."""
@@ -286,7 +270,7 @@ def agent_kernel(host: tuple[ExecuteCode, SessionScope]) -> dict[str, Any]:
     result = tool.run_sync("agent_var = {'answer': 42}\nprint('agent call 1')", scope=scope)
     assert result.content == "agent call 1\n", result.content
     assert result.details["persistent"] is True
-    return _index_row(result.details["kernel_id"])
+    return index_row(result.details["kernel_id"])
 
 
 def _person(connection_file: str) -> Any:

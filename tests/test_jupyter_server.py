@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 import zmq
+from support import index_row
 from support_jupyter import ExternalKernelServer
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
@@ -32,7 +33,7 @@ from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
 from lemon_exec.viewer import RESTART_REFUSED
 from lemon_exec.wire import protocol
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.kernel]
 
 AGENT_SETUP = "agent_var = {'answer': 42}\ntext('ready')"
 
@@ -218,20 +219,7 @@ def test_a_subscriber_that_never_reads_does_not_stall_the_agent(tmp_path: Path) 
 
 
 def _connection_file(tool: ExecuteCode, result: Any) -> str:
-    from lemon_exec.host.disk.index import read_indexes
-
-    deadline = time.monotonic() + 5
-    while True:
-        rows = [
-            r
-            for r in read_indexes()
-            if r.get("public_id") == result.details["kernel_id"]
-            and r.get("host_pid") == os.getpid()
-        ]
-        if rows:
-            return str(rows[0]["connection_file"])
-        assert time.monotonic() < deadline, "kernel not in the index"
-        time.sleep(0.05)
+    return str(index_row(result.details["kernel_id"], phase=None)["connection_file"])
 
 
 def test_a_lost_bridge_frame_fails_the_helper_instead_of_hanging() -> None:

@@ -33,7 +33,7 @@ from lemon_exec.host.disk.external import EXTERNAL_DIR_ENV
 from lemon_exec.kernel.lemon_kernel import AGENT_CELL_NOT_INTERRUPTIBLE
 from lemon_exec.viewer import RESTART_REFUSED
 
-pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(240), pytest.mark.slow, pytest.mark.kernel]
 
 #: The agent's script runs until the test creates this file (at most 120 s).
 HOLD = (

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import pid_gone
+from support import index_row, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
-from lemon_exec.host.disk.index import read_indexes
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 
 def tcp_sockets(pid: int | str = "self") -> list[str]:
@@ -242,19 +241,8 @@ def test_session_kernel_survives_quit_in_a_script(session: tuple[ExecuteCode, An
 # -- exit typed in a console attached to a managed session kernel ------------------------------
 
 
-def _connection_file(kernel_id: str, timeout: float = 5.0) -> str:
-    deadline = time.monotonic() + timeout
-    while True:
-        rows = [
-            r
-            for r in read_indexes()
-            if r.get("public_id") == kernel_id and r.get("host_pid") == os.getpid()
-        ]
-        if rows and rows[0].get("phase") == "idle":
-            return str(rows[0]["connection_file"])
-        if time.monotonic() > deadline:
-            raise AssertionError(f"kernel {kernel_id} not in the live-kernel index: {rows}")
-        time.sleep(0.05)
+def _connection_file(kernel_id: str) -> str:
+    return str(index_row(kernel_id)["connection_file"])
 
 
 def _agent_kernel(facade: ExecuteCode, scope: SessionScope) -> tuple[int, str]:

@@ -70,6 +70,7 @@ def started(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return report
 
 
+@pytest.mark.kernel
 def test_a_kernel_imports_nothing_at_start_after_the_template_preloaded(
     started: dict[str, Any],
 ) -> None:
@@ -77,6 +78,7 @@ def test_a_kernel_imports_nothing_at_start_after_the_template_preloaded(
     assert started["modules"] == []
 
 
+@pytest.mark.kernel
 def test_a_kernel_without_debugger_does_not_walk_every_module_at_start(
     started: dict[str, Any],
 ) -> None:

@@ -172,6 +172,7 @@ def other_jupyter(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_jupyter_from_another_environment_runs_the_installed_kernel(
     tmp_path: Path, other_jupyter: Path
 ) -> None:

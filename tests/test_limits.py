@@ -18,7 +18,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
 from lemon_exec.host.kernels import resource_limits as limits
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 def make_config(**overrides: Any) -> ExecuteCodeConfig:

@@ -32,11 +32,6 @@ HOSTILE = str(Path(__file__).parent / "mcp_upstream" / "hostile.py")
 MIB = 1024 * 1024
 
 
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
 #: Upstream name -> the attribute it is offered as (docs/mcp.md, "Tool names").
 MAPPED = {
     "__set_name__": "set_name__",
@@ -153,6 +148,7 @@ text(json.dumps(out))
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_hostile_names_in_the_kernel_runs_still_finish() -> None:
     registry = _stdio_registry(default_registry())
     config = ExecuteCodeConfig(enabled=True, warm_kernels=0)
@@ -315,11 +311,13 @@ async def _through_the_kernel(registry: ToolRegistry, server: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_64_mib_answer_through_the_kernel_stdio() -> None:
     await _through_the_kernel(_stdio_registry(default_registry(), plain=True), "h")
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_64_mib_answer_through_the_kernel_http(http_big: str) -> None:
     registry = default_registry()
     registry.add_mcp_server("hh", url=http_big)

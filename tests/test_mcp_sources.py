@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from mcp_upstream import serving_http
+from support import await_until
 
 from lemon_exec import ExecuteCodeConfig
 from lemon_exec.errors import ToolDenied, ToolFailure
@@ -32,11 +33,6 @@ from lemon_exec.tools._mcp_tools import identifier
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 SERVER = str(Path(__file__).parent / "mcp_upstream" / "server.py")
-
-
-@pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
 
 
 def _registry() -> ToolRegistry:
@@ -163,12 +159,7 @@ def _alive(pid: int) -> bool:
 
 
 async def _gone(pid: int, within: float = 5.0) -> bool:
-    deadline = time.monotonic() + within
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        await asyncio.sleep(0.05)
-    return True
+    return await await_until(lambda: not _alive(pid), within, interval=0.05)
 
 
 async def test_crash_restart_and_close() -> None:
@@ -270,6 +261,7 @@ def _config(**overrides: Any) -> ExecuteCodeConfig:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_script_calls_mcp_tools_within_budgets() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry
@@ -305,6 +297,7 @@ except ToolError as exc:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_result_bytes_budget_counts_mcp_results() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry
@@ -368,6 +361,7 @@ def test_run_refuses_a_bad_mcp_config(tmp_path: Path, capsys: pytest.CaptureFixt
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_lemon_exec_mcp_with_mcp_config(tmp_path: Path) -> None:
     from mcp import Client, StdioServerParameters
 
@@ -400,6 +394,7 @@ text(json.dumps({"one": one, "twenty": twenty, "out": out}))
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
     """MCP calls run on their own lane (max_parallel_mcp, 16): even with the built-ins held
     to one call at a time, batch() of 20 upstream calls takes about two waves, not 20."""
@@ -419,6 +414,7 @@ async def test_a_script_batch_of_mcp_calls_runs_concurrently() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 async def test_max_parallel_mcp_bounds_the_mcp_lane() -> None:
     from lemon_exec import ExecuteCode
     from lemon_exec.tools import default_registry

@@ -105,6 +105,7 @@ def run_host(script: str) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_a_256_mib_display_does_not_balloon_the_host() -> None:
     # Before the per-message cap the host's peak RSS rose by ~1.28 GiB here.
     report = run_host(
@@ -117,6 +118,7 @@ def test_a_256_mib_display_does_not_balloon_the_host() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.kernel
 def test_a_1_gib_print_keeps_the_host_small_and_the_spill_capped() -> None:
     report = run_host("import sys\nsys.stdout.write('x' * 2**30)\nprint('tail')")
     grown = report["after"] - report["before"]
@@ -148,6 +150,7 @@ def flood_tool() -> Iterator[ExecuteCode]:
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["per_call", "session"])
 @pytest.mark.parametrize("flood", sorted(FLOODS))
+@pytest.mark.kernel
 def test_a_flood_times_out_on_time(
     flood_tool: ExecuteCode, tmp_path: Path, mode: str, flood: str
 ) -> None:

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_until
-from support import enabled_config
+from support import enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.details import Details
@@ -32,7 +31,7 @@ from lemon_exec.facade import (
     MISSING_SCRIPT,
 )
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.kernel]
 
 TIMEOUT_MS = 10_000
 WARM = 1

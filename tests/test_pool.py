@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import pid_gone
+from support import await_until, pid_gone
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.percall.pool import KernelPool
 from lemon_exec.host.run.diagnostics import TemplateInfo
 from lemon_exec.template.client import START_WAIT_S
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 PROBE = """
 import json, os
@@ -34,11 +34,7 @@ def _probe(result_content: str) -> dict:
 
 
 async def _wait_spares(ec: ExecuteCode, count: int = 1, timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while ec.snapshot()["spares"] < count:
-        assert loop.time() < deadline, "no spare became ready"
-        await asyncio.sleep(0.05)
+    assert await await_until(lambda: ec.snapshot()["spares"] >= count, timeout), "no spare"
 
 
 async def _wait_fork_server(ec: ExecuteCode, timeout: float = 20.0) -> TemplateInfo:
@@ -104,14 +100,8 @@ def test_fork_server_forks_kernels_and_stops_them() -> None:
             assert info["ppid"] != os.getpid()
             template_pid = template.pid
         # Closing the facade stops the template too.
-        for _ in range(100):
-            try:
-                os.kill(template_pid, 0)
-            except ProcessLookupError:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            pytest.fail("fork server still running after close")
+        gone = Path(f"/proc/{template_pid}")
+        assert await await_until(lambda: not gone.exists(), 5), "fork server still running"
 
     asyncio.run(main())
 

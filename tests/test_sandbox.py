@@ -30,14 +30,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import enabled_config, mcp_call_execute_code
+from support import enabled_config, mcp_call_execute_code, wait_until
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.host.kernels.local.backend import LocalBackend
 from lemon_exec.proc import supervise
 
-pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap]
+pytestmark = [pytest.mark.timeout(90), pytest.mark.bwrap, pytest.mark.kernel]
+
+#: How long the processes of a killed host or template may take to go (a loaded 2-core CI
+#: machine included): they must go, not go fast.
+GONE_WITHIN_S = 10.0
 
 #: "none" shows that every escape test fails without the sandbox.
 SANDBOX = os.environ.get("LEMON_TEST_SANDBOX", "bwrap")
@@ -247,9 +251,7 @@ def _processes_with(token: str) -> list[int]:
 
 def _wait_gone(token: str, within: float = 5.0) -> list[int]:
     """The processes whose command line holds ``token`` ``within`` seconds from now (killed)."""
-    deadline = time.monotonic() + within
-    while _processes_with(token) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: not _processes_with(token), within)
     left = _processes_with(token)
     for pid in left:
         with contextlib.suppress(OSError):
@@ -315,24 +317,18 @@ def test_killed_host_takes_its_sandboxes_along(world: World, start: str) -> None
     )
     below: list[int] = []
     try:
-        deadline = time.monotonic() + 60
-        while not ready.exists() and time.monotonic() < deadline:
-            assert host.poll() is None, "the host exited early"
-            time.sleep(0.05)
-        assert ready.exists()
-        deadline = time.monotonic() + 5
-        while not ready.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        assert wait_until(lambda: ready.exists() or host.poll() is not None, 60)
+        assert host.poll() is None, "the host exited early"
+        assert wait_until(lambda: ready.read_text() != "", 5)
         assert start.upper() in ready.read_text()
         # bwrap, its init, the kernel, the daemon (forked: and the template, its bwrap)
         below = supervise.descendants(host.pid)
         assert len(below) >= 3 if SANDBOX == "bwrap" else below
         host.kill()
         host.wait(10)
-        assert _wait_gone(token, within=3.0) == []
-        deadline = time.monotonic() + 3.0  # the bound test_host_death sets, with CI slack
-        while [pid for pid in below if _running(pid)] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Gone with the host, not left running; how fast is the benchmark's business.
+        assert _wait_gone(token, within=GONE_WITHIN_S) == []
+        wait_until(lambda: not [pid for pid in below if _running(pid)], GONE_WITHIN_S)
         assert not [pid for pid in below if _running(pid)]
     finally:
         with contextlib.suppress(OSError):
@@ -751,9 +747,7 @@ def test_kernels_die_with_their_template(world: World) -> None:
         tree = [p for k in kernels for p in (k.pid, *supervise.descendants(k.pid))]
         assert len(tree) >= 3 if SANDBOX == "bwrap" else tree  # outer, init, kernel
         os.kill(template, signal.SIGKILL)
-        deadline = time.monotonic() + 3.0
-        while [p for p in tree if _running(p)] and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: not [p for p in tree if _running(p)], GONE_WITHIN_S)
         assert not [p for p in tree if _running(p)]
         # The session hears its kernel was killed; then it runs in a new kernel.
         result = tool.run_sync("print(6 * 7)", scope=scope)

@@ -26,13 +26,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
-from support import enabled_config
+from support import enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.disk import runtime_base
 
-pytestmark = [pytest.mark.timeout(180), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.kernel]
 
 #: Trees no host can create files in (or that are too large to walk in a test).
 _PRUNE = [

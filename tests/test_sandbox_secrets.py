@@ -20,7 +20,7 @@ from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.kernel]
 
 SECRET_ENV = {
     "GITHUB_TOKEN": "ghp_planted0000000000000000000000000000",

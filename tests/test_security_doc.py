@@ -33,12 +33,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 
 from lemon_exec.cli.mcp import TOKEN_ENV
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 _HOST = textwrap.dedent(
     """

@@ -11,11 +11,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from support import enabled_config
+from support import await_until, enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 PROBE = (
     "import sys\n"
@@ -29,10 +29,7 @@ async def _run(warm_kernels: int, cwd: Path) -> tuple[str, str | None]:
         scope = SessionScope("warm", "agent", cwd=str(cwd))
         if warm_kernels:
             await ec.run("pass", scope=scope)  # fills the pool
-            deadline = asyncio.get_running_loop().time() + 20
-            while ec.snapshot()["spares"] < 1:
-                assert asyncio.get_running_loop().time() < deadline, "no spare became ready"
-                await asyncio.sleep(0.05)
+            assert await await_until(lambda: ec.snapshot()["spares"] >= 1), "no spare"
         result = await ec.run(PROBE, scope=scope)
         return result.content, result.details.get("kernel_source")
 

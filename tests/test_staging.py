@@ -8,8 +8,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,13 +36,6 @@ def mode_of(path: Path) -> int:
 def root(tmp_path: Path):
     with StagingRoot.create(tmp_path) as created:
         yield created
-
-
-@pytest.fixture(scope="module")
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def fake_root(base: Path, name: str, marker: object, *, marker_mode: int = 0o600) -> Path:

@@ -27,7 +27,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.disk.runtime_base import runtime_dir_of
 from lemon_exec.host.kernels.local.link_end import LinkEnd
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: Prints how the kernel running it was started.
 PROBE = """
@@ -125,10 +125,16 @@ def test_staging_objects_are_owner_only_while_kernels_run(
                 await asyncio.sleep(0.2)
                 if mode == "session":  # a fresh kernel, from the template once it is ready
                     await facade.run("", scope=scope, reset=True)
+            # The cell runs on for 1.5 s after its output reaches the host.
+            printed = asyncio.Event()
             running = asyncio.create_task(
-                facade.run(PROBE + UMASK + "import time\ntime.sleep(1.5)\n", scope=scope)
+                facade.run(
+                    PROBE + UMASK + "import sys, time\nsys.stdout.flush()\ntime.sleep(1.5)\n",
+                    scope=scope,
+                    on_output=lambda _chunk: printed.set(),
+                )
             )
-            await asyncio.sleep(0.8)
+            await asyncio.wait_for(printed.wait(), 60)
             found = modes(short_base)
             # Keys and sockets live in the host's runtime directory under the runtime base.
             for root in short_base.iterdir():

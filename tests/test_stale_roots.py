@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -38,13 +37,6 @@ from lemon_exec.telemetry import Telemetry
 pytestmark = pytest.mark.timeout(60)
 
 DAY = 86_400.0
-
-
-@pytest.fixture(scope="module")
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def private_file(path: Path, data: str = "") -> Path:

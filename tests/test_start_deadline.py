@@ -22,7 +22,7 @@ from support import enabled_config
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.template import client as forkserver
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: How long the slow interpreter sleeps before Python starts.
 SLOW_START_S = 5.0

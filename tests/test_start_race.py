@@ -77,7 +77,7 @@ def test_the_deadline_cancels_the_start_and_returns_at_once() -> None:
         with pytest.raises(StartLeft) as left:
             await h.within(slow_start(10, cleaned=cleaned), time.monotonic() + 0.2)
         assert left.value.why == "timeout"
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # long before the 10 s start ends
         await h.drain()
         assert cleaned == ["cleaned"]  # the start's own cleanup ran
         assert (h.discarded, h.settled) == ([], 1)
@@ -121,7 +121,7 @@ def test_an_abort_ends_the_wait(kind: str) -> None:
         with pytest.raises(StartLeft) as left:
             await h.within(slow_start(10), time.monotonic() + 30, abort)
         assert left.value.why == "cancelled"
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 5  # long before the 10 s start ends
         await h.drain()
         assert h.settled == 1
 

@@ -19,7 +19,7 @@ from support import enabled_config
 
 from lemon_exec import ExecuteCode, SessionScope
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 async def _template_pid(ec: ExecuteCode) -> int:

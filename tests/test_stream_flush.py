@@ -94,6 +94,7 @@ writer.join()
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.kernel
 def test_what_a_cell_writes_last_is_in_its_result() -> None:
     # 100 rounds: the pipe watcher once blocked in a read while holding the pipe lock (a
     # writer had drained the pipe after select() said readable), and the cell's end waited

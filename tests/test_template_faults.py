@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import await_until
 from test_forkserver_races import cwd_of, kernel_request
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig
@@ -28,7 +26,7 @@ from lemon_exec.proc import supervise
 from lemon_exec.template import client as forkserver
 from lemon_exec.template.client import ForkServer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: Prints the kernel's template PID, or COLD for a kernel started without one.
 WHO = """
@@ -36,13 +34,6 @@ import os
 parent = open(f"/proc/{os.getppid()}/cmdline", "rb").read()
 print(os.getppid() if b"lemon_exec.template.server" in parent else "COLD")
 """
-
-
-@pytest.fixture
-def short_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ltf-", dir="/tmp"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def facade(base: Path, warm: int) -> ExecuteCode:
@@ -77,13 +68,13 @@ def state(pid: int) -> str | None:
 
 @pytest.mark.parametrize("reads_as", ["stopped", "idle"])
 def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
-    short_dir: Path, monkeypatch: pytest.MonkeyPatch, reads_as: str
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch, reads_as: str
 ) -> None:
     """``stopped``: its /proc state says T. ``idle``: the same stopped template read as an
     idle sleeper (no CPU used, not runnable), which is how a wedged one looks."""
     if reads_as == "idle":
         monkeypatch.setattr(forkserver, "_process_state", lambda pid: ("S", 0))
-    template_cwd = short_dir / "template"
+    template_cwd = short_tmp / "template"
     template_cwd.mkdir()
 
     async def main() -> None:
@@ -93,12 +84,12 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
             assert await server.wait_ready(30), "the template did not start"
             template = server.template_pid
             assert template is not None
-            argv, cwd = kernel_request(short_dir, "first")
+            argv, cwd = kernel_request(short_tmp, "first")
             kernel = await server.fork(argv, dict(os.environ), cwd, None)
             cwd_of(kernel, str(template_cwd))
 
             os.kill(template, signal.SIGSTOP)
-            argv, cwd = kernel_request(short_dir, "second")
+            argv, cwd = kernel_request(short_tmp, "second")
             started = time.monotonic()
             with pytest.raises(OSError):
                 await server.fork(argv, dict(os.environ), cwd, None)
@@ -106,9 +97,7 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
             assert took < 3.0, f"a stopped template held the start for {took:.1f} s"
             assert server.retired and not server.ready
             if reads_as == "stopped":  # resumed, so that it reaps and reports its kernels
-                deadline = time.monotonic() + 5
-                while state(template) == "T" and time.monotonic() < deadline:
-                    await asyncio.sleep(0.02)
+                await await_until(lambda: state(template) != "T", 5)
                 assert state(template) not in ("T", None)
             else:
                 os.kill(template, signal.SIGCONT)
@@ -125,9 +114,9 @@ def test_a_template_that_cannot_answer_is_retired_and_its_kernels_live(
 
 
 @pytest.mark.slow
-def test_calls_after_a_script_stopped_its_template_are_prompt(short_dir: Path) -> None:
+def test_calls_after_a_script_stopped_its_template_are_prompt(short_tmp: Path) -> None:
     async def main() -> list[tuple[float, str]]:
-        ec = facade(short_dir, warm=0)  # every start asks the template
+        ec = facade(short_tmp, warm=0)  # every start asks the template
         try:
             stopped = await forked_template(ec)
             stop = await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)")
@@ -152,13 +141,13 @@ def test_calls_after_a_script_stopped_its_template_are_prompt(short_dir: Path) -
 
 @pytest.mark.slow
 def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
-    short_dir: Path,
+    short_tmp: Path,
 ) -> None:
     async def main() -> None:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         try:
             await forked_template(ec)
-            await asyncio.sleep(1)  # the spares are forked
+            assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
             running = asyncio.create_task(ec.run("import time\ntime.sleep(3)\nprint('survived')"))
             await asyncio.sleep(0.5)
             stop = await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)")
@@ -175,19 +164,19 @@ def test_a_running_script_outlives_the_retirement_of_its_stopped_template(
 
 
 @pytest.mark.slow
-def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_dir: Path) -> None:
+def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_tmp: Path) -> None:
     """Three rounds: a script kills its template, then four calls at once. Once in a few
     rounds under load, a kernel still starting when its template died wrote its removed
     connection file back, and the sticky bit jupyter_client then set on runtime/ made the
     host refuse every later call; or a spare about to die with the template was handed out."""
 
     async def main() -> list[list[str]]:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         rounds = []
         try:
             for _ in range(3):
                 await forked_template(ec)
-                await asyncio.sleep(0.5)  # spares are forked
+                assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
                 await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
                 results = await asyncio.gather(*(ec.run("print('ok')") for _ in range(4)))
                 rounds.append([r.content for r in results])
@@ -200,20 +189,19 @@ def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_dir: 
 
 
 @pytest.mark.slow
-def test_a_spare_of_a_dead_template_is_never_handed_out(short_dir: Path) -> None:
+def test_a_spare_of_a_dead_template_is_never_handed_out(short_tmp: Path) -> None:
     """The spares of a killed template die with it, by their own parent watch: on a busy
     host a moment later. Here that moment is made long (the spares are stopped before the
     template is killed); a claim must take none of them."""
 
     async def main() -> list[Any]:
-        ec = facade(short_dir, warm=2)
+        ec = facade(short_tmp, warm=2)
         try:
             template = await forked_template(ec)
-            deadline = time.monotonic() + 30
             # Both spares ready, and the used kernel gone: the template's children are spares.
-            while ec.snapshot().get("spares") != 2 or len(supervise.children(template)) != 2:
-                assert time.monotonic() < deadline, f"no spares were forked: {ec.snapshot()}"
-                await asyncio.sleep(0.1)
+            assert await await_until(
+                lambda: ec.snapshot().get("spares") == 2 and len(supervise.children(template)) == 2
+            ), f"no spares were forked: {ec.snapshot()}"
             spares = supervise.children(template)
             for pid in spares:
                 os.kill(pid, signal.SIGSTOP)

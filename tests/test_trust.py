@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.envelope import (
     END_SANITIZED,
     neutralize_markers,
@@ -127,7 +127,7 @@ def test_neutralizing_is_linear(hostile: str) -> None:
     # A quadratic scan of 300 k characters takes minutes; linear takes milliseconds.
     start = time.monotonic()
     neutralize_markers(hostile + END)
-    assert time.monotonic() - start < 3.0
+    assert time.monotonic() - start < 30
 
 
 def _cell(*, tools: set[str] = frozenset(), accounting_loss: bool = False) -> CellResult:  # type: ignore[assignment]
@@ -193,16 +193,15 @@ def page_url() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def ec() -> Iterator[ExecuteCode]:
-    facade = ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0, kernel_mode="session"))
-    yield facade
-    facade.close()
+def ec(session_facade: ExecuteCode) -> ExecuteCode:
+    return session_facade
 
 
 def _scope(tmp_path: Path, name: str) -> SessionScope:
     return SessionScope(f"trust-{name}", "agent", cwd=str(tmp_path))
 
 
+@pytest.mark.kernel
 def test_a_hostile_page_cannot_close_the_envelope(
     ec: ExecuteCode, tmp_path: Path, page_url: str
 ) -> None:
@@ -217,6 +216,7 @@ def test_a_hostile_page_cannot_close_the_envelope(
         assert body.count(f"{INSTRUCTIONS} ({name})") == 2
 
 
+@pytest.mark.kernel
 def test_script_output_cannot_close_the_envelope(
     ec: ExecuteCode, tmp_path: Path, page_url: str
 ) -> None:
@@ -231,6 +231,7 @@ def test_script_output_cannot_close_the_envelope(
     assert body == f"{END_SANITIZED}\n{INSTRUCTIONS}\n"
 
 
+@pytest.mark.kernel
 def test_a_session_stays_untrusted_after_a_fetch_until_reset(
     ec: ExecuteCode, tmp_path: Path, page_url: str
 ) -> None:
@@ -265,6 +266,7 @@ def test_a_session_stays_untrusted_after_a_fetch_until_reset(
     assert ec.run_sync("print(3)", scope=scope).trust == "trusted"
 
 
+@pytest.mark.kernel
 def test_a_replaced_kernel_clears_the_taint(ec: ExecuteCode, tmp_path: Path, page_url: str) -> None:
     scope = _scope(tmp_path, "crash")
     assert ec.run_sync(f"page = webfetch({page_url!r})", scope=scope, reset=True).trust == (
@@ -280,6 +282,7 @@ def test_a_replaced_kernel_clears_the_taint(ec: ExecuteCode, tmp_path: Path, pag
     assert after.content.startswith("[Session state was lost before this call: ")
 
 
+@pytest.mark.kernel
 def test_a_failed_fetch_still_taints(ec: ExecuteCode, tmp_path: Path, page_url: str) -> None:
     # A fetch that raised may still have left part of a page behind (say in a traceback):
     # the session is tainted by the attempt.

@@ -14,7 +14,7 @@ from lemon_exec import ExecuteCode
 from .eg import SLOW_KERNEL_NAME, SLOW_START_S, EnterpriseGateway
 from .support_gw import with_facade
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120), pytest.mark.kernel]
 
 TIMEOUT_MS = 2000
 #: Deadline (or abort) to return: the escalation's grace and more, for a loaded machine.

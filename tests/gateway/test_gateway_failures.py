@@ -20,7 +20,7 @@ from lemon_exec.host.run.results import lost_line
 from .eg import CuttableProxy, EnterpriseGateway, free_port, running_gateway
 from .support_gw import with_facade
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 def _run(gateway: EnterpriseGateway, script: str, **settings: Any) -> tuple[str, dict[str, Any]]:

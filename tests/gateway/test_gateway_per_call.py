@@ -12,14 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import wait_until
+from support import wait_until
 
 from lemon_exec import ExecuteCode, SessionScope
 
 from .eg import EnterpriseGateway
 from .support_gw import with_facade
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 def test_a_script_runs_in_a_gateway_kernel_that_is_gone_afterwards(

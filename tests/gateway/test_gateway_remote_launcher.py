@@ -21,7 +21,7 @@ from lemon_exec.host.run.results import lost_line
 from .eg import REMOTE_KERNEL_NAME, EnterpriseGateway
 from .support_gw import with_facade
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 
 def test_remote_launched_session_kernel_runs_helpers_keeps_state_and_times_out(

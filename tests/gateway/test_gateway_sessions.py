@@ -15,7 +15,7 @@ from lemon_exec.host.run.results import lost_line
 from .eg import EnterpriseGateway
 from .support_gw import with_facade
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 
 
 def test_state_is_kept_reset_discards_it_and_calls_queue(

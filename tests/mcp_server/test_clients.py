@@ -26,7 +26,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from .conftest import lemon_exec_argv
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.slow, pytest.mark.kernel]
 
 #: What the script hands back with text(); only this has to reach the model.
 MARKER = "lemon-result-4f1c"

@@ -154,6 +154,7 @@ async def bearer_client(url: str, token: str) -> AsyncIterator[Client]:
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.kernel
 async def test_http_requires_the_generated_bearer_token(tmp_path: Path) -> None:
     with http_server(tmp_path) as (server, url):
         token = server.token
@@ -250,6 +251,7 @@ def _wait_closed(
 
 @pytest.mark.slow
 @pytest.mark.anyio
+@pytest.mark.kernel
 async def test_http_closes_half_sent_requests_and_serves_the_token_holder_meanwhile(
     tmp_path: Path,
 ) -> None:

@@ -26,7 +26,7 @@ from lemon_exec.shell import ShellSession
 
 from .conftest import PAGE_TEXT, gone, read_pid
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.kernel]
 
 MODES = ["auto", "legacy"]
 

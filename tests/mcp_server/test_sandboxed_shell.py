@@ -7,13 +7,13 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from mcp import Client, StdioServerParameters
+from support import wait_until
 
 from lemon_exec import ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels.sandbox import spec_from_config
@@ -88,9 +88,7 @@ async def _shell_checks(client: Client, project: Path, listener: Listener) -> No
     # The host itself can reach the listener: a refusal below is the sandbox's doing.
     before = listener.accepted
     socket.create_connection(("127.0.0.1", listener.port), timeout=5).close()
-    deadline = time.monotonic() + 10
-    while listener.accepted == before and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: listener.accepted != before, 10, interval=0.01)
     reached = listener.accepted
     assert reached == before + 1
 
@@ -203,6 +201,7 @@ def _jobs() -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("only", [(), ("--only", "shell")])
+@pytest.mark.kernel
 async def test_stdio_sandbox_confines_execute_command(
     project: Path, listener: Listener, only: tuple[str, ...]
 ) -> None:
@@ -215,10 +214,7 @@ async def test_stdio_sandbox_confines_execute_command(
         assert job.structured_content["exit_code"] == 0
         assert _jobs(), "the background job should run while the server does"
     # The server has exited: the job died with it.
-    deadline = time.monotonic() + 10
-    while _jobs() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _jobs(), "a background job outlived the server"
+    assert wait_until(lambda: not _jobs(), 10), "a background job outlived the server"
 
 
 # -- the session itself ----------------------------------------------------------------------

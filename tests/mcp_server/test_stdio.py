@@ -22,7 +22,7 @@ from lemon_exec import ExecuteCode, ExecuteCodeConfig
 
 from .conftest import descendants, gone, lemon_exec_argv, read_pid
 
-pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120), pytest.mark.kernel]
 
 
 def _params(tmp_path: Path, *args: str, **env: str) -> StdioServerParameters:

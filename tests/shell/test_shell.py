@@ -9,10 +9,10 @@ import shutil
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from lemon_exec.shell import CommandResult, ShellSession
 from lemon_exec.shell._capture import BoundedText
@@ -50,16 +50,6 @@ def pid_alive(pid: int) -> bool:
         return not sys.platform.startswith("linux")
     except (OSError, IndexError):
         return False
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 3.0) -> bool:
-    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; return its last value."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def read_pid(path: Path) -> int:
@@ -248,7 +238,7 @@ def test_cat_returns_at_once_because_stdin_is_dev_null(session: ShellSession) ->
             os.close(fd)
     assert result["stdout"] == "read=1\n"
     assert not result["timed_out"]
-    assert elapsed < 2
+    assert elapsed < 2.9  # returned at end of input, not at the 3 s timeout
 
 
 @pytest.mark.timeout(10)
@@ -325,7 +315,7 @@ def test_timeout_argument_is_lowered_to_the_ceiling(
     assert result["timed_out"] is True
     assert result["exit_code"] == -1
     assert result["stdout"] == "before\n"  # output captured before the kill is kept
-    assert 0.9 <= elapsed < 3
+    assert 0.9 <= elapsed < 4.5  # the ceiling, not the sleep's 5 s
     # bash's EXIT trap runs on the timeout's SIGTERM, so the cd is still recorded.
     assert session.cwd == real("/etc")
 
@@ -337,14 +327,14 @@ def test_timeout_none_uses_env_default(
     monkeypatch.setenv("DPTTOOLS_SANDBOX_TIMEOUT", "0.5")
     result, elapsed = timed(session, "sleep 5")
     assert result["timed_out"] is True
-    assert 0.4 <= elapsed < 2.5
+    assert 0.4 <= elapsed < 4.5
 
 
 @pytest.mark.timeout(10)
 def test_smaller_timeout_argument_is_used(session: ShellSession) -> None:
     result, elapsed = timed(session, "sleep 5", timeout=0.5)
     assert result["timed_out"] is True
-    assert elapsed < 2.5
+    assert elapsed < 4.5
     fast = session.execute_command("echo quick", timeout=2)
     assert fast == {"stdout": "quick\n", "stderr": "", "exit_code": 0, "timed_out": False}
 
@@ -399,7 +389,7 @@ def test_grandchildren_are_killed_on_timeout(
     reap_pids.append(pid)
     assert result["timed_out"] is True
     assert result["stdout"] == ""
-    assert elapsed < 3
+    assert elapsed < 15  # the 1 s timeout, not the sleep's 30 s
     assert wait_until(lambda: not pid_alive(pid)), "grandchild survived the timeout"
 
 
@@ -413,7 +403,7 @@ def test_processes_ignoring_sigterm_are_killed(
     pid = read_pid(pid_file)
     reap_pids.append(pid)
     assert result["timed_out"] is True
-    assert elapsed < 3
+    assert elapsed < 15
     assert wait_until(lambda: not pid_alive(pid)), "a SIGTERM-ignoring process survived"
 
 
@@ -428,7 +418,7 @@ def test_background_job_holding_the_pipe_waits_for_timeout(
     assert result["timed_out"] is True
     assert result["exit_code"] == -1
     assert result["stdout"] == "started\n"
-    assert 0.9 <= elapsed < 3
+    assert 0.9 <= elapsed < 15
     assert wait_until(lambda: not pid_alive(pid)), "background job left running"
 
 
@@ -442,7 +432,7 @@ def test_background_job_with_redirected_output_returns_at_once(
     pid = read_pid(pid_file)
     reap_pids.append(pid)
     assert result == {"stdout": "started\n", "stderr": "", "exit_code": 0, "timed_out": False}
-    assert elapsed < 2
+    assert elapsed < 8  # at once, not at the 10 s timeout
     assert pid_alive(pid), "a detached job should outlive the call"
 
 
@@ -523,7 +513,7 @@ def test_async_cancellation_kills_the_process_group(
     elapsed = asyncio.run(main())
     pid = read_pid(pid_file)
     reap_pids.append(pid)
-    assert elapsed < 2
+    assert elapsed < 15  # not the sleep's 30 s
     # The cancellation propagates only after the worker killed the group.
     assert wait_until(lambda: not pid_alive(pid), 0.5), "cancelled job left running"
     # The session is free again.
@@ -536,7 +526,7 @@ def test_sync_cancel_event_kills_the_command(session: ShellSession) -> None:
     threading.Timer(0.3, cancel.set).start()
     start = time.monotonic()
     result = session.execute_command("echo before; sleep 30", timeout=20, cancel_event=cancel)
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 15
     assert result["exit_code"] == -1
     assert result["stdout"] == "before\n"
     assert "cancelled" in result["stderr"]
@@ -546,16 +536,15 @@ def test_sync_cancel_event_kills_the_command(session: ShellSession) -> None:
 def test_cancel_while_waiting_for_the_lock_runs_nothing(
     session: ShellSession, tmp_path: Path
 ) -> None:
-    busy = threading.Thread(target=session.execute_command, args=("sleep 1",))
+    busy = threading.Thread(target=session.execute_command, args=("sleep 2",))
     busy.start()
     time.sleep(0.2)  # let the first call take the lock
     cancel = threading.Event()
     threading.Timer(0.2, cancel.set).start()
-    start = time.monotonic()
     result = session.execute_command("touch ran.txt", timeout=5, cancel_event=cancel)
-    elapsed = time.monotonic() - start
+    busy_still_ran = busy.is_alive()
     busy.join()
     assert result["exit_code"] == -1
     assert "before it started" in result["stderr"]
-    assert elapsed < 0.7  # did not wait for the busy call to finish
+    assert busy_still_ran  # did not wait for the busy call to finish
     assert not (tmp_path / "ran.txt").exists()

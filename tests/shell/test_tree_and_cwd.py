@@ -13,10 +13,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from lemon_exec.shell import ShellSession
 
-from .test_shell import pid_alive, read_pid, real, wait_until
+from .test_shell import pid_alive, read_pid, real
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the subreaper and /proc are Linux's"
