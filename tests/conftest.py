@@ -260,25 +260,12 @@ def per_call_facade() -> Iterator[ExecuteCode]:
         yield facade
 
 
-#: Kernel-starting tests of modules that carry no ``kernel`` mark of their own: a module
-#: name (every test in it) or ``module::test`` (one test, whatever its parameters).
-KERNEL_TESTS_MARKED_HERE = frozenset(
-    {
-        "test_prebuilt_shell.py",
-        "test_protocol_faults.py",
-        "test_public_api.py::test_async_context_manager_runs_and_cleans_up",
-    }
-)
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Marks added before -m deselects. Scenario notebooks (lemon_exec's notebook plugin)
     # run their cells on real kernels.
     for item in items:
-        module = item.path.name
-        name = getattr(item, "originalname", item.name)
-        if item.path.suffix == ".ipynb" or {module, f"{module}::{name}"} & KERNEL_TESTS_MARKED_HERE:
+        if item.path.suffix == ".ipynb":
             item.add_marker(pytest.mark.kernel)
 
 

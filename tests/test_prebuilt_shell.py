@@ -19,7 +19,7 @@ import pytest
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.kernel.prebuilt import _ModuleNames
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 PROBE = """
 import json, os

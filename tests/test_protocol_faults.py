@@ -25,7 +25,7 @@ from support import pid_gone
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, ExecuteCodeResult, SessionScope
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 #: A long timeout: a fault must end the call long before it.
 TIMEOUT_MS = 30_000

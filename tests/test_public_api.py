@@ -216,6 +216,7 @@ def test_schema_description_follows_the_config() -> None:
 # --- the async API -------------------------------------------------------------------------------
 
 
+@pytest.mark.kernel
 def test_async_context_manager_runs_and_cleans_up() -> None:
     config = ExecuteCodeConfig(enabled=True, warm_kernels=0, python_path=sys.executable)
 
