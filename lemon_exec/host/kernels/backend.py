@@ -171,3 +171,15 @@ async def dispose(kernel: KernelHandle) -> None:
 async def _wait_exit(kernel: KernelHandle, deadline: float) -> None:
     while time.monotonic() < deadline and await kernel.is_alive():
         await asyncio.sleep(0.02)
+
+
+def execute_request_content(code: str) -> dict[str, Any]:
+    """The content of a script cell's ``execute_request``, the same on every backend."""
+    return {
+        "code": code,
+        "silent": False,
+        "store_history": False,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": False,
+    }

@@ -31,7 +31,7 @@ from tornado.websocket import WebSocketClientConnection, WebSocketClosedError
 
 from lemon_exec.errors import KernelStartError
 from lemon_exec.host.disk.index import KernelStatus
-from lemon_exec.host.kernels.backend import MessageSink, drop_note
+from lemon_exec.host.kernels.backend import MessageSink, drop_note, execute_request_content
 from lemon_exec.host.kernels.gateway import client
 from lemon_exec.host.kernels.gateway.client import Gateway
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
@@ -183,14 +183,7 @@ class GatewayKernel:
             # kernel's own working directory (docs/scale-out.md).
             metadata = {**metadata, protocol.CELL_METADATA_KEY: {**lemon}}
             del metadata[protocol.CELL_METADATA_KEY]["cwd"]
-        content = {
-            "code": code,
-            "silent": False,
-            "store_history": False,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": False,
-        }
+        content = execute_request_content(code)
         msg_id = self._new_id()
         self._sinks[msg_id] = sink
         self._send("shell", "execute_request", content, metadata=metadata, msg_id=msg_id)

@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from jupyter_client.asynchronous.client import AsyncKernelClient
 
-from lemon_exec.host.kernels.backend import MessageSink, drop_note
+from lemon_exec.host.kernels.backend import MessageSink, drop_note, execute_request_content
 from lemon_exec.host.kernels.local.link_end import LinkEnd
 from lemon_exec.wire import jupyter_messages, protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
@@ -130,16 +130,7 @@ class KernelChannels:
     def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
         """Send an execute_request whose outputs go to ``sink``; returns its msg_id."""
         msg = self._kc.session.msg(
-            "execute_request",
-            {
-                "code": code,
-                "silent": False,
-                "store_history": False,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": False,
-            },
-            metadata=metadata,
+            "execute_request", execute_request_content(code), metadata=metadata
         )
         msg_id: str = msg["header"]["msg_id"]
         self._sinks[msg_id] = sink
