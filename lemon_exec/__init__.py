@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # the public names (``from module import Name as Name``: re-e
     from lemon_exec.errors import ToolDenied as ToolDenied
     from lemon_exec.errors import ToolFailure as ToolFailure
     from lemon_exec.facade import ExecuteCode as ExecuteCode
+    from lemon_exec.images import ImageBlock as ImageBlock
     from lemon_exec.result import ExecuteCodeResult as ExecuteCodeResult
     from lemon_exec.scope import AbortSignal as AbortSignal
     from lemon_exec.scope import ScriptSource as ScriptSource

@@ -49,7 +49,7 @@ FLOORS = (
     floor("package", ".", "", "the public names, loaded lazily"),
     floor(
         "ground",
-        "_constants _sizes errors details envelope result scope interpreter wire proc",
+        "_constants _sizes errors details envelope result images scope interpreter wire proc",
         "package",
         "what both sides share: the protocol, process and private-disk primitives, errors",
     ),
