@@ -3,9 +3,10 @@
 Checks issue 7's "Jupyter-native" promises with real processes:
 
 - ``jupyter kernelspec list`` shows the installed ``lemon-python`` spec;
-- nbclient runs a notebook on lemon-python with no lemon_exec host attached (``text()``
-  prints, ``notify()`` goes to stderr, helpers raise a ToolError that says no host is
-  attached, and ordinary IPython behaviour such as the last-expression display works);
+- nbclient runs a notebook on lemon-python with no lemon_exec host attached and the
+  playground host turned off (``text()`` prints, ``notify()`` goes to stderr, helpers raise
+  a ToolError that says how to turn it on, and ordinary IPython behaviour such as the
+  last-expression display works; tests/test_playground.py has the helpers served);
 - the kernel answers kernel_info, complete, inspect, is_complete and history requests;
 - a second jupyter_client attached to a live session kernel reads the agent's variables and
   runs its own code, while the agent's results stay exactly its own;
@@ -35,12 +36,12 @@ import pytest
 from support import index_row
 
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
+from lemon_exec.wire import playground
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.kernel]
 
 REPO = Path(__file__).resolve().parents[1]
 KERNEL_NAME = "lemon-python"
-NO_HOST = "no lemon_exec host is attached"
 
 
 def _jupyter(*args: str) -> list[str]:
@@ -85,7 +86,10 @@ def test_kernelspec_list_shows_lemon_python() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_nbclient_runs_lemon_python_without_a_host(tmp_path: Path) -> None:
+def test_nbclient_runs_lemon_python_without_a_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(playground.ENABLE_ENV, "0")
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     from nbformat.v4 import new_code_cell, new_notebook
@@ -136,10 +140,10 @@ def test_nbclient_runs_lemon_python_without_a_host(tmp_path: Path) -> None:
     assert streams(1, "stderr") == "notify: progress message\n"
     assert streams(1, "stdout") == ""
     assert streams(2, "stdout").startswith("ToolError | ")
-    assert NO_HOST in streams(2, "stdout")
+    assert streams(2, "stdout") == f"ToolError | {playground.DISABLED_NO_HOST}\n"
     [error] = [o for o in nb.cells[3].outputs if o["output_type"] == "error"]
     assert error["ename"] == "ToolError"
-    assert NO_HOST in error["evalue"]
+    assert error["evalue"] == playground.DISABLED_NO_HOST
     assert result(4)["text/plain"] == "42"
     [display] = [o for o in nb.cells[5].outputs if o["output_type"] == "display_data"]
     assert display["data"]["text/markdown"] == "**shown**"
@@ -273,6 +277,20 @@ def agent_kernel(host: tuple[ExecuteCode, SessionScope]) -> dict[str, Any]:
     return index_row(result.details["kernel_id"])
 
 
+def _children_running(module: str, parent: int) -> list[int]:
+    """Pids of ``python -m module`` processes whose parent is ``parent``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+        if module.encode() in cmdline and ppid == parent:
+            found.append(int(entry.name))
+    return found
+
+
 def _person(connection_file: str) -> Any:
     from jupyter_client import BlockingKernelClient
 
@@ -340,6 +358,14 @@ def test_second_client_reads_agent_state_without_leaking(
         )
         assert reply["status"] == "ok"
         assert out == "PERSON sees 42\n"
+
+        # A person's helper call in the agent's kernel: its host serves only the agent's
+        # scripts, and the kernel starts no host of its own.
+        code = "import os\ntry:\n    ls('.')\nexcept ToolError as e:\n    print(os.getpid(), e)"
+        out, reply = _person_runs(person, code)
+        pid, said = out.split(" ", 1)
+        assert said == playground.MANAGED_NO_HOST + "\n"
+        assert not _children_running(playground.HOST_MODULE, int(pid))
 
         # The agent's next call returns only its own output (and sees the shared namespace).
         result = tool.run_sync("print('agent call 2', person_var)", scope=scope)

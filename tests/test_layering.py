@@ -63,6 +63,12 @@ FLOORS = (
     floor("host.percall", "host.percall", f"{_HOST_BASE} {_HOST_CELL}", "admission, spares"),
     floor("host.sessions", "host.sessions", f"{_HOST_BASE} {_HOST_CELL}", "sessions, queues"),
     floor(
+        "host.playground",
+        "host.playground",
+        f"{_HOST_BASE} {_HOST_CELL}",
+        "the host a kernel starts for itself when no host started it",
+    ),
+    floor(
         "host.run",
         "host.run",
         f"{_HOST_BASE} {_HOST_BELOW_RUN}",

@@ -16,11 +16,12 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jupyter_client.session import extract_header
 
+from lemon_exec.kernel.hostlink import HostLink
 from lemon_exec.wire import json_strings, jupyter_messages, protocol, text_budget
 
 
@@ -69,6 +70,8 @@ class CellBridge:
         token: str,
         generation: int,
         max_text_bytes: int,
+        link: HostLink | None = None,
+        prints_text: bool = False,
     ) -> None:
         self.comm_id = comm_id
         self.generation = generation
@@ -78,7 +81,12 @@ class CellBridge:
         self._io_thread = getattr(iopub_socket, "io_thread", None)
         self._send_direct = getattr(self._io_thread, "send_direct", None)
         #: The host link, when the host gave one: waiters read their replies off it.
-        self._link = getattr(self._io_thread, "host_link", None)
+        self._link: HostLink | None = getattr(self._io_thread, "host_link", None)
+        if link is not None:  # a link of the bridge's own (the playground's): frames go there
+            self._link = link
+            self._send_direct = _link_sender(link)
+        #: text() and notify() print instead of sending (a notebook is their reader).
+        self.prints_text = prints_text
         # Packed once per cell: every frame carries the cell's request as its parent.
         self._parent_bytes: bytes = session.pack(extract_header(parent))
         self._pid = os.getpid()  # made per cell, in the kernel's main thread
@@ -349,6 +357,17 @@ class CellBridge:
             waiting = list(self._pending.values())
         for pending in waiting:
             pending.wake()
+
+
+def _link_sender(link: HostLink) -> Callable[[list[bytes]], bool]:
+    def send(frames: list[bytes]) -> bool:
+        try:
+            link.send(frames)
+        except OSError as exc:
+            raise ToolError(f"the host's link is closed ({exc}): run the cell again") from None
+        return True
+
+    return send
 
 
 def _call_result(tool: str, reply: dict[str, Any]) -> str:

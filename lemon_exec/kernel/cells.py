@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from concurrent.futures import thread as _pool_thread
 from typing import TYPE_CHECKING, Any
+
+from lemon_exec.wire import protocol
 
 if TYPE_CHECKING:
     from lemon_exec.kernel.bridge import CellBridge
@@ -32,6 +35,11 @@ class _CellState:
     def __init__(self) -> None:
         self.generation = 0
         self.bridge: CellBridge | None = None
+        #: Opens a bridge for the running cell on its first helper call when no host gave
+        #: one (kernel/playground.py); None where helpers have no host to reach.
+        self.opener: Callable[[], CellBridge] | None = None
+        #: Why a helper call without a bridge or an opener fails.
+        self.no_host = protocol.NO_HOST
         #: Bytes of late output dropped since the last script's reply (see count_late).
         self.late_bytes = 0
         self.late_lock = threading.Lock()

@@ -5,7 +5,7 @@ Each helper's keyword names are its tool's parameter names, so ``read(path=p)`` 
 five become helpers too (``namespace.py``): top-level names as functions, ``server.tool``
 names under ``tools.<server>``; batch() takes every one by its registered name. Without a
 lemon_exec host (the kernel started by a plain Jupyter front end) text() and notify() print,
-and helpers raise ToolError.
+and helpers are served by the kernel's own host (``playground.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from lemon_exec.kernel import cells
 from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
-from lemon_exec.wire.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD
+from lemon_exec.wire.protocol import HELPER_NAMES, STALE_THREAD
 from lemon_exec.wire.text_budget import normalize_text
 
 #: batch() never has more calls than this in flight; the host runs max_parallel_rpc at once.
@@ -33,10 +33,19 @@ def _bridge() -> CellBridge | None:
     return bridge
 
 
-def _call(tool: str, **params: Any) -> str:
+def _cell_bridge() -> CellBridge:
+    """The bridge a helper call goes through: the cell's, or one opened for it on demand."""
     bridge = _bridge()
-    if bridge is None:
-        raise ToolError(NO_HOST)
+    if bridge is not None:
+        return bridge
+    opener = cells.STATE.opener
+    if opener is None:
+        raise ToolError(cells.STATE.no_host)
+    return opener()
+
+
+def _call(tool: str, **params: Any) -> str:
+    bridge = _cell_bridge()
     # None means "the tool's default", so it is left out: read(path=p) == read(p, None, None).
     return _send(bridge, tool, {k: v for k, v in params.items() if v is not None})
 
@@ -120,10 +129,7 @@ class ToolSetupError(Exception):
 
 
 def _call_registered(tool: str, params: dict[str, Any]) -> str:
-    bridge = _bridge()
-    if bridge is None:
-        raise ToolError(NO_HOST)
-    return _send(bridge, tool, params)
+    return _send(_cell_bridge(), tool, params)
 
 
 #: The registered tools beyond the five, built once per digest: (digest, name -> function,
@@ -138,7 +144,7 @@ _installed: dict[str, Callable[..., str]] = {}
 def text(value: object) -> None:
     """Add a block to the script's result. Only text() blocks reach the model as the result."""
     bridge = _bridge()
-    if bridge is None:
+    if bridge is None or bridge.prints_text:
         print(normalize_text(value))
         return
     bridge.text(value)
@@ -147,7 +153,7 @@ def text(value: object) -> None:
 def notify(message: object) -> None:
     """Stream a progress message to the caller while the script runs (max 64, 4 KiB each)."""
     bridge = _bridge()
-    if bridge is None:
+    if bridge is None or bridge.prints_text:
         print(f"notify: {normalize_text(message)}", file=sys.stderr)
         return
     bridge.notify(message)
@@ -175,9 +181,7 @@ def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
         except Exception as exc:  # the item's own failure (a wrong keyword, no host, ...)
             outcomes[index] = (False, exc)
     if captured:
-        bridge = _bridge()
-        assert bridge is not None  # else every helper raised NO_HOST instead of a call
-        answers = bridge.call_many(
+        answers = _cell_bridge().call_many(
             [(call.tool, call.params) for _i, _r, call in captured], BATCH_MAX_IN_FLIGHT
         )
         for (index, run, _call), answer in zip(captured, answers, strict=True):

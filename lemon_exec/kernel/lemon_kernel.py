@@ -21,7 +21,7 @@ from ipykernel.zmqshell import ZMQInteractiveShell
 from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
 from traitlets import Float, Type, default
 
-from lemon_exec.kernel import cells, helpers, ipykernel_patches, prebuilt, script
+from lemon_exec.kernel import cells, helpers, ipykernel_patches, playground, prebuilt, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.streams import BoundedOutStream, ChunkedStream
 from lemon_exec.wire import cell_setup, jupyter_messages, protocol, script_outcome
@@ -92,7 +92,10 @@ class LemonKernel(IPythonKernel):
     shell_class = Type(LemonShell)
     implementation = "lemon-python"
     implementation_version = str(protocol.PROTOCOL_VERSION)
-    banner = "lemon-python: IPython kernel for lemon_exec (helpers need a lemon_exec host)"
+    banner = (
+        "lemon-python: IPython kernel for lemon_exec (helpers are served by the lemon_exec "
+        "host that started it, else by a host of its own: docs/playground.md)"
+    )
     # ipykernel sleeps 0.5 ms after every cell, before its reply, so that output would reach
     # clients first (an old workaround). Clients wait for the idle status, which IOPub sends
     # after the cell's output anyway; the host does (host/cell/execute.py). Half a millisecond of
@@ -112,6 +115,16 @@ class LemonKernel(IPythonKernel):
         script.detach_fd0()
         if self.shell is not None:
             helpers.install(self.shell.user_ns)
+        #: The kernel's own host for helpers in ordinary cells, when no host manages it.
+        self._playground: playground.Playground | None = None
+        if _managed():
+            cells.STATE.no_host = playground.MANAGED_NO_HOST
+        elif not playground.enabled():
+            cells.STATE.no_host = playground.DISABLED_NO_HOST
+        elif self.shell is not None:
+            self._playground = playground.Playground(
+                self.session, self.iopub_socket, self.shell.user_ns
+            )
 
     @property
     def kernel_info(self) -> dict[str, Any]:
@@ -120,6 +133,12 @@ class LemonKernel(IPythonKernel):
         return info
 
     # -- shutdown -------------------------------------------------------------------------
+
+    def do_shutdown(self, restart: bool) -> dict[str, Any]:  # type: ignore[override]
+        if self._playground is not None:
+            self._playground.shutdown()
+        reply: dict[str, Any] = super().do_shutdown(restart)  # type: ignore[no-untyped-call]
+        return reply
 
     async def shutdown_request(self, stream: Any, ident: Any, parent: dict[str, Any]) -> None:
         # A kernel a lemon_exec host manages belongs to an agent's session: a person attached
@@ -207,19 +226,33 @@ class LemonKernel(IPythonKernel):
         self._set_running("script" if isinstance(lemon, dict) else "cell")
         try:
             if not isinstance(lemon, dict):
-                reply: dict[str, Any] = await super().do_execute(  # type: ignore[no-untyped-call]
-                    code,
-                    silent,
-                    store_history,
-                    user_expressions,
-                    allow_stdin,
-                    cell_meta=cell_meta,
-                    cell_id=cell_id,
-                )
+                with contextlib.ExitStack() as serving:
+                    try:
+                        serving.enter_context(self._serving_helpers())
+                    except KeyboardInterrupt:  # while the kernel's own host was starting
+                        print("KeyboardInterrupt (the cell did not run)", file=sys.stderr)
+                        return _error_content("KeyboardInterrupt", "") | {
+                            "execution_count": self.execution_count
+                        }
+                    reply: dict[str, Any] = await super().do_execute(  # type: ignore[no-untyped-call]
+                        code,
+                        silent,
+                        store_history,
+                        user_expressions,
+                        allow_stdin,
+                        cell_meta=cell_meta,
+                        cell_id=cell_id,
+                    )
                 return reply
             return await self._run_lemon_cell(code, lemon)
         finally:
             self._set_running("idle")
+
+    def _serving_helpers(self) -> contextlib.AbstractContextManager[None]:
+        """While an ordinary cell runs: helpers through the kernel's own host, if it has one."""
+        if self._playground is None:
+            return contextlib.nullcontext()
+        return self._playground.cell(self.get_parent("shell"))  # type: ignore[no-untyped-call]
 
     async def _run_lemon_cell(self, code: str, meta: dict[str, Any]) -> dict[str, Any]:
         setup = cell_setup.parse_cell_setup(meta)

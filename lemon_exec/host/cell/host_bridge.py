@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec._constants import GRACE_S
+from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
 from lemon_exec.tools import ToolCall, ToolHost
@@ -88,6 +89,17 @@ class BridgeLimits:
     #: another process, not on this host, so they need not queue behind the built-ins.
     max_parallel_mcp: int = 16
 
+    @classmethod
+    def of(cls, config: ExecuteCodeConfig) -> BridgeLimits:
+        """One run's bridge budgets, as ``config`` sets them."""
+        return cls(
+            max_calls=config.max_rpc_calls,
+            max_result_bytes=config.max_rpc_result_bytes,
+            max_text_bytes=config.max_text_bytes,
+            max_parallel=config.max_parallel_rpc,
+            max_parallel_mcp=config.max_parallel_mcp,
+        )
+
 
 class HostBridge:
     """Serves one cell's frames: :meth:`handle` each ``comm_msg``, :meth:`aclose` at the end."""
@@ -101,9 +113,11 @@ class HostBridge:
         limits: BridgeLimits,
         send_reply: Callable[[dict[str, Any]], None],
         on_notify: Callable[[str], None] | None = None,
+        identity: tuple[str, str] | None = None,
     ) -> None:
-        self.token = new_token()
-        self.comm_id = secrets.token_hex(16)
+        # ``identity`` (comm id, token): chosen by a kernel that opens its cells itself
+        # (kernel/playground.py); else made here and sent in the cell setup.
+        self.comm_id, self.token = identity or (secrets.token_hex(16), new_token())
         self.stats = BridgeStats()
         self.text_blocks: list[str] = []
         self._tool_host = tool_host

@@ -29,14 +29,7 @@ class CellRequests:
         self.staging = staging
 
     def limits(self) -> BridgeLimits:
-        c = self.config
-        return BridgeLimits(
-            max_calls=c.max_rpc_calls,
-            max_result_bytes=c.max_rpc_result_bytes,
-            max_text_bytes=c.max_text_bytes,
-            max_parallel=c.max_parallel_rpc,
-            max_parallel_mcp=c.max_parallel_mcp,
-        )
+        return BridgeLimits.of(self.config)
 
     def for_script(
         self,
