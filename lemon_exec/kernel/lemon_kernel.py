@@ -122,6 +122,7 @@ class LemonKernel(IPythonKernel):
         elif not playground.enabled():
             cells.STATE.no_host = playground.DISABLED_NO_HOST
         elif self.shell is not None:
+            cells.STATE.no_host = playground.BETWEEN_CELLS
             self._playground = playground.Playground(
                 self.session, self.iopub_socket, self.shell.user_ns
             )

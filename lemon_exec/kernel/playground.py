@@ -41,6 +41,7 @@ _STOP_GRACE_S = 2.0
 
 MANAGED_NO_HOST = pg.MANAGED_NO_HOST
 DISABLED_NO_HOST = pg.DISABLED_NO_HOST
+BETWEEN_CELLS = pg.BETWEEN_CELLS
 
 
 def enabled() -> bool:
@@ -110,7 +111,7 @@ class Playground:
             if self._bridge is not None:
                 return self._bridge
             if self._parent is None:
-                raise ToolError(pg.DISABLED_NO_HOST)  # not inside a cell: nothing to serve
+                raise ToolError(pg.BETWEEN_CELLS)
             host = self._ensure_host()
             comm_id, token = secrets.token_hex(16), secrets.token_urlsafe(32)
             self._send(

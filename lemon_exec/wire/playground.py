@@ -53,6 +53,10 @@ MANAGED_NO_HOST = (
     "helpers work only in the scripts this kernel's lemon_exec host runs, not in a viewer's "
     "cells (the kernel belongs to an agent's session)"
 )
+BETWEEN_CELLS = (
+    "helpers in a notebook work while a cell runs: this call came from a thread whose cell "
+    "has ended"
+)
 DISABLED_NO_HOST = (
     "no lemon_exec host is attached to this kernel, and the playground host is turned off "
     f"({ENABLE_ENV}=0): unset it to serve helpers in this notebook"
