@@ -99,9 +99,8 @@ class CellBridge:
         self._ack_timeout_s = ack_timeout_s()
         # image(): the host's budgets when it sent them, else only what one message can hold.
         self._max_images = max_images if max_images is not None else protocol.MAX_IMAGE_COUNT
-        self._max_image_bytes = min(
-            max_image_bytes if max_image_bytes is not None else protocol.MAX_IMAGE_BYTES,
-            protocol.MAX_IMAGE_BYTES,
+        self._max_image_bytes = (
+            max_image_bytes if max_image_bytes is not None else protocol.MAX_IMAGE_BYTES
         )
         self._image_n = 0
         self._images_shown = 0
@@ -241,6 +240,8 @@ class CellBridge:
         budgets are checked here first (nothing is sent over them) and by the host.
         """
         size = len(data)
+        if size > protocol.MAX_IMAGE_BYTES:  # one message could not carry it
+            raise ToolError(protocol.IMAGE_TOO_LARGE.format(size=size))
         with self._text_lock:
             with self._lock:
                 self._check_open()

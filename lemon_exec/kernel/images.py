@@ -115,10 +115,7 @@ def _read_file(path: str | bytes, mime: str | None) -> tuple[bytes, str | None]:
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
         if size > protocol.MAX_IMAGE_BYTES:
-            raise ToolError(
-                f"image(): {name} is {size} bytes, more than one image may be "
-                f"({protocol.MAX_IMAGE_BYTES})"
-            )
+            raise ToolError(f"{name}: " + protocol.IMAGE_TOO_LARGE.format(size=size))
         data = file.read(protocol.MAX_IMAGE_BYTES + 1)
     suffix = os.path.splitext(name)[1].lower()
     return data, mime or _SUFFIXES.get(suffix)

@@ -114,6 +114,9 @@ IMAGE_MISMATCH = (
 IMAGE_BAD_HEADER = (
     "image() data starts as {actual} but has no valid {actual} header; nothing was shown"
 )
+IMAGE_TOO_LARGE = (
+    f"image() of {{size}} bytes is too large: one image is at most {MAX_IMAGE_BYTES} bytes"
+)
 IMAGE_MALFORMED = "rpc request malformed: an image frame needs exactly one buffer of its size"
 # Kernel side: raised as ToolError in the script.
 KERNEL_TEXT_BUDGET = (
