@@ -1,11 +1,12 @@
-"""The functions pre-imported into every script: helpers, text(), notify(), batch(), tools.
+"""The functions pre-imported into every script: helpers, text(), notify(), image(), batch(),
+tools.
 
 Each helper's keyword names are its tool's parameter names, so ``read(path=p)`` and
 ``batch([("read", {"path": p})])`` make the same call. Tools the host registered beyond the
 five become helpers too (``namespace.py``): top-level names as functions, ``server.tool``
 names under ``tools.<server>``; batch() takes every one by its registered name. Without a
 lemon_exec host (the kernel started by a plain Jupyter front end) text() and notify() print,
-and helpers raise ToolError.
+image() displays the image inline, and helpers raise ToolError.
 """
 
 from __future__ import annotations
@@ -261,7 +262,8 @@ def install(
     tools_digest: str | None = None,
     tool_specs: Iterable[Mapping[str, Any]] | None = None,
 ) -> None:
-    """Put ToolError, text, notify, batch, ``tools`` and the enabled helpers into ``namespace``.
+    """Put ToolError, text, notify, image, batch, ``tools`` and the enabled helpers into
+    ``namespace``.
 
     ``tools_digest`` and ``tool_specs`` describe the registered tools beyond the five (the
     cell setup's ``tools_digest`` / ``tools``); specs come only with a digest this kernel has

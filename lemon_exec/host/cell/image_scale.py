@@ -9,6 +9,7 @@ bomb) is never expanded in the host's memory.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import logging
@@ -100,9 +101,15 @@ def keep_original(spill_dir: Path | None, data: bytes, mime_type: str) -> Path |
     path = spill_dir / name
     try:
         fd = os.open(path, flags | getattr(os, "O_CLOEXEC", 0), 0o600)
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
     except OSError as exc:
         log.warning("execute_code: cannot keep an image's original: %s", exc)
+        return None
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+    except OSError as exc:  # a partial copy would mislead: none at all (a full disk)
+        log.warning("execute_code: cannot keep an image's original: %s", exc)
+        with contextlib.suppress(OSError):
+            path.unlink()
         return None
     return path
