@@ -91,6 +91,9 @@ FIGURES: dict[str, tuple[str, str]] = {
     "helper_rtt_p50_ms": ("ms", "helpers"),
     "batch_100_ms": ("ms", "helpers"),
     "text_mb_per_s": ("MiB/s", "helpers"),
+    "image_100kb_rtt_ms": ("ms", "images"),  # issue 29
+    "text_100kb_rtt_ms": ("ms", "images"),
+    "image_over_text_ms": ("ms", "images"),
     "mcp_helper_overhead_ms": ("ms", "mcp"),  # issue 14
     "mcp_batch20_ratio": ("x", "mcp"),
     "flood_host_rss_growth_mb": ("MiB", "flood"),
@@ -122,6 +125,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "helper_rtt_p50_ms": ("<=", 0.5),
     "batch_100_ms": ("<=", 25.0),
     "text_mb_per_s": (">=", 200.0),
+    "image_over_text_ms": ("<=", 5.0),  # issue 29
     "mcp_helper_overhead_ms": ("<=", 1.0),  # issue 14
     "mcp_batch20_ratio": ("<=", 3.0),
     "flood_host_rss_growth_mb": ("<=", 64.0),
@@ -137,6 +141,7 @@ GROUPS: tuple[str, ...] = (
     "cold",
     "session",
     "helpers",
+    "images",
     "mcp",
     "flood",
     "idle",
@@ -622,6 +627,80 @@ async def bench_helpers(ctx: Context) -> None:
     report.context("text_block_bytes", block_bytes)
 
 
+IMAGE_SCRIPT = """\
+import json, time
+data = open({path!r}, "rb").read()
+block = "y" * len(data)
+for _ in range(10):
+    image(data)
+    text(block)
+shown, written = [], []
+for _ in range({reps}):
+    t0 = time.perf_counter()
+    image(data)
+    t1 = time.perf_counter()
+    text(block)
+    t2 = time.perf_counter()
+    shown.append((t1 - t0) * 1000)
+    written.append((t2 - t1) * 1000)
+text({marker!r} + json.dumps({{"image": shown, "text": written}}))
+"""
+
+
+def noise_png(side: int) -> bytes:
+    """A PNG of random RGB pixels (incompressible): about ``3 * side**2`` bytes."""
+    import struct
+    import zlib
+
+    rows = b"".join(b"\x00" + os.urandom(3 * side) for _ in range(side))
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        crc = zlib.crc32(kind + body)
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
+
+    header = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(rows, 1))
+        + chunk(b"IEND", b"")
+    )
+
+
+async def bench_images(ctx: Context) -> None:
+    """image_100kb_rtt_ms and text_100kb_rtt_ms: one image() of a 100 KB PNG and one text()
+    of as many bytes, alternating in one script, each timed inside it; image_over_text_ms is
+    the difference of their medians (issue 29)."""
+    plan, report = ctx.plan, ctx.report
+    png = noise_png(182)  # 99,560 pixel bytes: a ~100 KB PNG, under every max_image_edge
+    path = ctx.workdir / "noise.png"
+    path.write_bytes(png)
+    reps = plan.helper_calls
+    config = lemon_config(
+        kernel_mode="session",
+        warm_kernels=0,
+        max_images=(reps + 20) * plan.text_runs + 10,
+        max_image_bytes=1 << 34,
+        max_text_bytes=1 << 34,
+    )
+    scope = ctx.scope("bench-images")
+    shown: list[float] = []
+    written: list[float] = []
+    async with ExecuteCode(config) as ec:
+        await timed_run(ec, "pass", scope)
+        for _ in range(plan.text_runs):
+            _, result = await timed_run(
+                ec, IMAGE_SCRIPT.format(path=str(path), reps=reps, marker=RESULT_MARKER), scope
+            )
+            data = script_json(result)
+            shown.extend(data["image"])
+            written.extend(data["text"])
+    report.figure("image_100kb_rtt_ms", statistics.median(shown), shown)
+    report.figure("text_100kb_rtt_ms", statistics.median(written), written)
+    report.figure("image_over_text_ms", statistics.median(shown) - statistics.median(written))
+    report.context("image_png_bytes", len(png))
+
+
 #: The upstream MCP server of the test suite (stdio; tools echo and slow).
 MCP_UPSTREAM = Path(__file__).resolve().parents[1] / "tests" / "mcp_upstream" / "server.py"
 
@@ -999,6 +1078,7 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "cold": bench_cold,
     "session": bench_session,
     "helpers": bench_helpers,
+    "images": bench_images,
     "mcp": bench_mcp,
     "flood": bench_flood,
     "idle": bench_idle,

@@ -33,6 +33,9 @@ DEFAULTS = {
     "max_rpc_result_bytes": 5_242_880,
     "max_output_bytes": 50_000,
     "max_text_bytes": 65_536,
+    "max_images": 8,
+    "max_image_bytes": 5_242_880,
+    "max_image_edge": 1568,
     "max_parallel_rpc": 4,
     "max_parallel_mcp": 16,
     "tools": [],
@@ -108,12 +111,13 @@ def test_every_setting_carries_the_metadata_the_loader_and_docs_read() -> None:
 def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
-    # the spec's 13, max_parallel_mcp, warm_kernels, fork_server, max_concurrent_per_call,
-    # max_queued_per_call, max_spill_bytes, kernel_memory_mb, kernel_max_processes,
-    # kernel_max_open_files, sandbox, sandbox_cwd, sandbox_hidden, sandbox_visible,
-    # sandbox_env_hidden, sandbox_env_allowed, sandbox_network, gateway_url,
-    # gateway_auth_token, gateway_kernel_name
-    assert len(keys) == 32
+    # the spec's 13, max_images, max_image_bytes, max_image_edge, max_parallel_mcp,
+    # warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
+    # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files,
+    # sandbox, sandbox_cwd, sandbox_hidden, sandbox_visible, sandbox_env_hidden,
+    # sandbox_env_allowed, sandbox_network, gateway_url, gateway_auth_token,
+    # gateway_kernel_name
+    assert len(keys) == 35
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -223,6 +227,9 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_GATEWAY_URL": " http://eg.example:8888/ ",
         "LEMON_EXECUTE_CODE_GATEWAY_AUTH_TOKEN": "s3cret",
         "LEMON_EXECUTE_CODE_GATEWAY_KERNEL_NAME": "lemon-k8s",
+        "LEMON_EXECUTE_CODE_MAX_IMAGES": "3",
+        "LEMON_EXECUTE_CODE_MAX_IMAGE_BYTES": "4096",
+        "LEMON_EXECUTE_CODE_MAX_IMAGE_EDGE": "0",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -232,6 +239,9 @@ def test_every_env_variable_is_read() -> None:
         "max_rpc_result_bytes": 13,
         "max_output_bytes": 14,
         "max_text_bytes": 15,
+        "max_images": 3,
+        "max_image_bytes": 4096,
+        "max_image_edge": 0,
         "max_parallel_rpc": 16,
         "max_parallel_mcp": 7,
         "tools": ["grep"],
@@ -312,8 +322,9 @@ def test_every_limit_is_clamped() -> None:
     config = ExecuteCodeConfig(**dict.fromkeys(limits, -1))
     for key in limits:
         # warm_kernels = 0 means "off"; 0 per-call slots "automatic", 0 queued "no queue",
-        # a 0 resource limit "unlimited"
+        # a 0 resource limit "unlimited", a 0 image edge "never downscale"
         zero_ok = (
+            "max_image_edge",
             "warm_kernels",
             "max_concurrent_per_call",
             "max_queued_per_call",

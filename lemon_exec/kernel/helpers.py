@@ -1,11 +1,13 @@
-"""The functions pre-imported into every script: helpers, text(), notify(), batch(), tools.
+"""The functions pre-imported into every script: helpers, text(), notify(), image(), batch(),
+tools.
 
 Each helper's keyword names are its tool's parameter names, so ``read(path=p)`` and
 ``batch([("read", {"path": p})])`` make the same call. Tools the host registered beyond the
 five become helpers too (``namespace.py``): top-level names as functions, ``server.tool``
 names under ``tools.<server>``; batch() takes every one by its registered name. Without a
 lemon_exec host (the kernel started by a plain Jupyter front end) text() and notify() print,
-and helpers are served by the kernel's own host (``playground.py``).
+image() displays the image inline, and helpers are served by the kernel's own host
+(``playground.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from lemon_exec.kernel import cells
+from lemon_exec.kernel import cells, images
 from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
 from lemon_exec.wire.protocol import HELPER_NAMES, STALE_THREAD
@@ -159,6 +161,20 @@ def notify(message: object) -> None:
     bridge.notify(message)
 
 
+def image(obj: object, *, format: str | None = None, alt: str | None = None) -> None:
+    """Show an image to the model: a matplotlib figure (or plt), a PIL image, a path, or bytes.
+
+    ``format`` (png, jpeg, gif, webp, svg or a MIME type) is what to save a figure or PIL
+    image as, or what raw bytes are; ``alt`` describes the image. Acknowledged like text().
+    """
+    data, mime = images.to_image(obj, format)
+    bridge = _bridge()
+    if bridge is None or bridge.prints_text:
+        images.display_inline(data, mime, images.alt_text(alt))
+        return
+    bridge.image(data, mime, images.alt_text(alt))
+
+
 def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
     """Run helper calls in parallel; results in input order, first failure re-raised.
 
@@ -251,7 +267,8 @@ def install(
     tools_digest: str | None = None,
     tool_specs: Iterable[Mapping[str, Any]] | None = None,
 ) -> None:
-    """Put ToolError, text, notify, batch, ``tools`` and the enabled helpers into ``namespace``.
+    """Put ToolError, text, notify, image, batch, ``tools`` and the enabled helpers into
+    ``namespace``.
 
     ``tools_digest`` and ``tool_specs`` describe the registered tools beyond the five (the
     cell setup's ``tools_digest`` / ``tools``); specs come only with a digest this kernel has
@@ -286,6 +303,7 @@ def install(
             "ToolError": ToolError,
             "text": text,
             "notify": notify,
+            "image": image,
             "batch": batch,
             "tools": _tools_cache[1],
         }

@@ -1,6 +1,7 @@
 """The host half of the per-cell bridge: authenticate, account, dispatch and answer frames.
 
-The kernel sends ``call``, ``text`` and ``notify`` frames (docs/comm-protocol.md). This
+The kernel sends ``call``, ``text``, ``notify`` and ``image`` frames (docs/comm-protocol.md;
+images are checked and kept by :mod:`.image_frames`). This
 dispatcher keeps the spec's invariants: authentication comes before any budget or lookup;
 a call slot is spent before dispatch; a request id is answered once and a replay is refused;
 at most ``max_parallel`` tool calls run at once (calls of upstream MCP server tools on a lane
@@ -15,7 +16,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,13 @@ from lemon_exec._constants import GRACE_S
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
+from lemon_exec.host.cell.image_frames import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_EDGE,
+    DEFAULT_MAX_IMAGES,
+    ImageFrames,
+    ImageLimits,
+)
 from lemon_exec.tools import ToolCall, ToolHost
 from lemon_exec.wire import json_strings, protocol, text_budget
 from lemon_exec.wire.frame_fields import bad_fields, positive_int
@@ -88,6 +96,10 @@ class BridgeLimits:
     #: Calls of upstream MCP server tools in flight at once, on their own lane: they wait on
     #: another process, not on this host, so they need not queue behind the built-ins.
     max_parallel_mcp: int = 16
+    #: The image channel's budgets (image_frames.py).
+    max_images: int = DEFAULT_MAX_IMAGES
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_image_edge: int = DEFAULT_MAX_IMAGE_EDGE
 
     @classmethod
     def of(cls, config: ExecuteCodeConfig) -> BridgeLimits:
@@ -98,6 +110,9 @@ class BridgeLimits:
             max_text_bytes=config.max_text_bytes,
             max_parallel=config.max_parallel_rpc,
             max_parallel_mcp=config.max_parallel_mcp,
+            max_images=config.max_images,
+            max_image_bytes=config.max_image_bytes,
+            max_image_edge=config.max_image_edge,
         )
 
 
@@ -113,6 +128,7 @@ class HostBridge:
         limits: BridgeLimits,
         send_reply: Callable[[dict[str, Any]], None],
         on_notify: Callable[[str], None] | None = None,
+        spill_dir: Path | None = None,
         identity: tuple[str, str] | None = None,
     ) -> None:
         # ``identity`` (comm id, token): chosen by a kernel that opens its cells itself
@@ -134,21 +150,27 @@ class HostBridge:
         self._mcp_slots = asyncio.Semaphore(limits.max_parallel_mcp)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: The cell's images (image frames); ``spill_dir`` keeps downscaled originals.
+        self.images = ImageFrames(
+            ImageLimits(limits.max_images, limits.max_image_bytes, limits.max_image_edge),
+            spill_dir,
+            self._reply,
+        )
 
     # -- frames ----------------------------------------------------------------------------
 
-    def handle(self, data: Any) -> None:
-        """Handle one kernel → host frame (the ``data`` of a comm_msg)."""
+    def handle(self, data: Any, buffers: Sequence[bytes] = ()) -> None:
+        """Handle one kernel → host frame (the ``data`` of a comm_msg, and its buffers)."""
         if self._closed:
             return  # tool work after the run would be work nobody waits for
         try:
-            self._handle(data)
+            self._handle(data, buffers)
         except Exception:
             # A fault in the dispatcher itself: the accounting can no longer be proven.
             log.exception("bridge dispatcher fault")
             self.stats.accounting_loss = True
 
-    def _handle(self, data: Any) -> None:
+    def _handle(self, data: Any, buffers: Sequence[bytes] = ()) -> None:
         if not isinstance(data, dict):
             return  # malformed frames are consumed, never counted
         kind = data.get("type")
@@ -158,6 +180,15 @@ class HostBridge:
             self._handle_text(data)
         elif kind == protocol.NOTIFY:
             self._handle_notify(data)
+        elif kind == protocol.IMAGE:
+            self._handle_image(data, buffers)
+
+    def _handle_image(self, data: dict[str, Any], buffers: Sequence[bytes]) -> None:
+        if not self._authentic(data):
+            self.stats.denied += 1
+            self._reply(protocol.image_reply(data.get("n"), protocol.AUTH_FAILED))
+            return
+        self.images.take(data, buffers, len(self.text_blocks))
 
     def _authentic(self, data: dict[str, Any]) -> bool:
         token = data.get("token")
@@ -399,6 +430,7 @@ class HostBridge:
         period (its reply is never sent) and the accounting becomes a lower bound.
         """
         self._closed = True
+        self.images.close()
         deadline = time.monotonic() + GRACE_S
         while pending := [t for t in self._tasks if not t.done()]:
             for task in pending:
