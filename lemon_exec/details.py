@@ -60,6 +60,12 @@ class Details(TypedDict, total=False):
     rpc_bytes: int  # helper result bytes charged against max_rpc_result_bytes
     rpc_tools: list[str]  # the helpers the script called, sorted
     rpc_accounting_loss: bool  # some helper calls could not be accounted for
+    # -- the image channel (image(), display() of an image; present when any was shown) --
+    images: int  # images in the result (result.images)
+    image_bytes: int  # their bytes as the script sent them, charged against max_image_bytes
+    images_downscaled: int  # images cut to max_image_edge (their originals are kept)
+    image_originals: list[str]  # spill files holding the originals of downscaled images
+    image_notes: list[str]  # images kept larger than max_image_edge, and why
     # -- mode and state (docs/modes.md) --
     mode: str  # the configured kernel_mode: "per_call" or "session"
     persistent: bool  # the call ran in a session kernel (state may persist)

@@ -98,6 +98,23 @@ class ExecuteCodeConfig(Configurable):
         help="Most bytes of text() blocks (the script's result) per run.",
     ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
 
+    max_images = IntSetting(
+        8,
+        help="Most images (image(), display() of an image) one run may show.",
+    ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
+
+    max_image_bytes = IntSetting(
+        5_242_880,
+        help="Most bytes of images one run may show, as the script sent them (before any "
+        "downscaling).",
+    ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
+
+    max_image_edge = IntSetting(
+        1568,
+        help="Images whose longer edge is over this many pixels are downscaled to it (with "
+        "Pillow, the images extra; the original is kept in the spill area). 0: never.",
+    ).tag(config=True, convert=coerce_int, clamp=NON_NEGATIVE)
+
     max_parallel_rpc = IntSetting(
         4,
         help="Most helper calls one run may have in flight at once.",

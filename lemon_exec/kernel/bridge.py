@@ -69,6 +69,8 @@ class CellBridge:
         token: str,
         generation: int,
         max_text_bytes: int,
+        max_images: int | None = None,
+        max_image_bytes: int | None = None,
     ) -> None:
         self.comm_id = comm_id
         self.generation = generation
@@ -95,6 +97,15 @@ class CellBridge:
         self._pending: dict[tuple[str, int], _Pending] = {}
         self._closed = False
         self._ack_timeout_s = ack_timeout_s()
+        # image(): the host's budgets when it sent them, else only what one message can hold.
+        self._max_images = max_images if max_images is not None else protocol.MAX_IMAGE_COUNT
+        self._max_image_bytes = min(
+            max_image_bytes if max_image_bytes is not None else protocol.MAX_IMAGE_BYTES,
+            protocol.MAX_IMAGE_BYTES,
+        )
+        self._image_n = 0
+        self._images_shown = 0
+        self._image_bytes = 0
 
     # -- kernel → host ------------------------------------------------------------------
 
@@ -222,6 +233,52 @@ class CellBridge:
                 self._text_bytes -= cost  # refused: the host charged nothing either
             raise ToolError(str(reply.get("error") or protocol.TEXT_REFUSED))
 
+    def image(self, data: bytes, mime: str | None, alt: str | None) -> None:
+        """Show one image; acknowledged by the host before it returns (write-through).
+
+        The bytes travel as the message's binary buffer, never encoded. Sent under the text
+        lock, so an image keeps its place among the text() blocks of every thread. The
+        budgets are checked here first (nothing is sent over them) and by the host.
+        """
+        size = len(data)
+        with self._text_lock:
+            with self._lock:
+                self._check_open()
+                if self._images_shown >= self._max_images:
+                    raise ToolError(protocol.IMAGE_COUNT_BUDGET.format(limit=self._max_images))
+                remaining = self._max_image_bytes - self._image_bytes
+                if size > remaining:
+                    raise ToolError(
+                        protocol.IMAGE_BYTES_BUDGET.format(
+                            size=size, remaining=remaining, limit=self._max_image_bytes
+                        )
+                    )
+                n = self._image_n + 1
+                self._image_n = n
+                self._images_shown += 1
+                self._image_bytes += size
+                key = (protocol.IMAGE, n)
+                pending = _Pending()
+                self._pending[key] = pending
+            try:
+                frame = protocol.image_frame(n, self._token, size, mime, alt)
+                _check_frame_size(frame)
+                self._flush_output()
+                self._send_unchecked(frame, buffers=(data,))
+            except BaseException:
+                with self._lock:  # nothing was sent: the number and the budget are unused
+                    self._pending.pop(key, None)
+                    self._image_n = n - 1
+                    self._images_shown -= 1
+                    self._image_bytes -= size
+                raise
+        reply = self._await(key, pending)
+        if reply.get("ok") is not True:
+            with self._lock:  # refused: the host charged nothing either (its number is used)
+                self._images_shown -= 1
+                self._image_bytes -= size
+            raise ToolError(str(reply.get("error") or protocol.IMAGE_REFUSED))
+
     def notify(self, message: object) -> None:
         """Send a progress message; fire-and-forget, capped per message and per run."""
         msg = text_budget.truncate_utf8(
@@ -295,7 +352,12 @@ class CellBridge:
             if stream is not None:
                 stream.flush()
 
-    def _send_unchecked(self, frame: dict[str, Any], encoded_text: bytes | None = None) -> None:
+    def _send_unchecked(
+        self,
+        frame: dict[str, Any],
+        encoded_text: bytes | None = None,
+        buffers: tuple[bytes, ...] = (),
+    ) -> None:
         if os.getpid() != self._pid:
             # A forked child must not use its parent's sockets; nothing it sent would arrive,
             # and a helper would wait forever for its reply.
@@ -312,7 +374,7 @@ class CellBridge:
         with self._lock:
             self._check_open()
             frames = jupyter_messages.pack_signed(
-                self._session, "comm_msg", content, self._parent_bytes, self._topic
+                self._session, "comm_msg", content, self._parent_bytes, self._topic, buffers
             )
             if self._send_direct is None or not self._send_direct(frames):
                 self._iopub.send_multipart(frames)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from typing import Any
 
-from lemon_exec.kernel import cells
+from lemon_exec.kernel import cells, images
 from lemon_exec.kernel import namespace as tools_namespace
 from lemon_exec.kernel.bridge import CellBridge, ToolError
 from lemon_exec.wire.protocol import HELPER_NAMES, NO_HOST, STALE_THREAD
@@ -153,6 +153,20 @@ def notify(message: object) -> None:
     bridge.notify(message)
 
 
+def image(obj: object, *, format: str | None = None, alt: str | None = None) -> None:
+    """Show an image to the model: a matplotlib figure (or plt), a PIL image, a path, or bytes.
+
+    ``format`` (png, jpeg, gif, webp, svg or a MIME type) is what to save a figure or PIL
+    image as, or what raw bytes are; ``alt`` describes the image. Acknowledged like text().
+    """
+    data, mime = images.to_image(obj, format)
+    bridge = _bridge()
+    if bridge is None:
+        images.display_inline(data, mime, images.alt_text(alt))
+        return
+    bridge.image(data, mime, images.alt_text(alt))
+
+
 def batch(calls: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
     """Run helper calls in parallel; results in input order, first failure re-raised.
 
@@ -282,6 +296,7 @@ def install(
             "ToolError": ToolError,
             "text": text,
             "notify": notify,
+            "image": image,
             "batch": batch,
             "tools": _tools_cache[1],
         }

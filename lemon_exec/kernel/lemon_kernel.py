@@ -21,7 +21,7 @@ from ipykernel.zmqshell import ZMQInteractiveShell
 from IPython.core.autocall import ZMQExitAutocall  # where it is defined and exported
 from traitlets import Float, Type, default
 
-from lemon_exec.kernel import cells, helpers, ipykernel_patches, prebuilt, script
+from lemon_exec.kernel import cells, helpers, images, ipykernel_patches, prebuilt, script
 from lemon_exec.kernel.bridge import CellBridge
 from lemon_exec.kernel.streams import BoundedOutStream, ChunkedStream
 from lemon_exec.wire import cell_setup, jupyter_messages, protocol, script_outcome
@@ -112,6 +112,7 @@ class LemonKernel(IPythonKernel):
         script.detach_fd0()
         if self.shell is not None:
             helpers.install(self.shell.user_ns)
+            images.route_displays(self.shell)
 
     @property
     def kernel_info(self) -> dict[str, Any]:
@@ -251,6 +252,8 @@ class LemonKernel(IPythonKernel):
             token=setup.token,
             generation=cells.next_generation(),
             max_text_bytes=setup.max_text_bytes,
+            max_images=setup.max_images,
+            max_image_bytes=setup.max_image_bytes,
         )
         # The script's argv, as `python script.py` would give it (`lemon-exec run FILE -- ARGS`
         # sends its own); the kernel's `-f <connection file>` is not the script's business.

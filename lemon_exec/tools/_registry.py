@@ -45,6 +45,7 @@ __all__ = ["RESERVED_NAMES", "ToolRegistry", "default_registry"]
 RESERVED_NAMES: frozenset[str] = frozenset(dir(builtins)) | {
     "text",
     "notify",
+    "image",
     "batch",
     "ToolError",
     "tools",

@@ -38,6 +38,9 @@ class CellSetup:
     #: Their specs, sent only when the kernel has not seen this digest yet (see
     #: lemon_exec/tools/_toolset.py; each entry: name, doc, params).
     tools: tuple[Mapping[str, Any], ...] | None = None
+    #: The run's image budgets (image()); None: the kernel checks only what one message holds.
+    max_images: int | None = None
+    max_image_bytes: int | None = None
 
 
 def cell_metadata(setup: CellSetup) -> dict[str, Any]:
@@ -60,6 +63,10 @@ def cell_metadata(setup: CellSetup) -> dict[str, Any]:
         meta["tools_digest"] = setup.tools_digest
     if setup.tools is not None:
         meta["tools"] = list(setup.tools)
+    if setup.max_images is not None:
+        meta["max_images"] = setup.max_images
+    if setup.max_image_bytes is not None:
+        meta["max_image_bytes"] = setup.max_image_bytes
     return {CELL_METADATA_KEY: meta}
 
 
@@ -80,7 +87,13 @@ def parse_cell_setup(meta: Mapping[str, Any]) -> CellSetup | str:
         env={str(k): str(v) for k, v in env.items()} if env else None,
         tools_digest=str(digest) if digest else None,
         tools=_tool_specs(tools),
+        max_images=_optional_int(meta.get("max_images")),
+        max_image_bytes=_optional_int(meta.get("max_image_bytes")),
     )
+
+
+def _optional_int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _tool_specs(tools: object) -> tuple[Mapping[str, Any], ...] | None:

@@ -6,6 +6,8 @@ in its place: every field is checked before the bridge acts on it. The rules, pe
 - every frame: ``type`` and ``token`` strings, and no field the kind does not define;
 - ``call``: ``id`` a positive integer; ``tool`` a string; ``params`` an object;
 - ``text``: ``n`` a positive integer; ``text`` a string; ``more`` (optional) a boolean;
+- ``image``: ``n`` a positive integer; ``bytes`` a non-negative integer (the size of the
+  message's one buffer, which holds the image); ``mime`` and ``alt`` (optional) strings;
 - ``notify``: ``n`` an integer from 1 to ``NOTIFY_MAX_COUNT`` (the kernel numbers them and
   sends no more); ``msg`` a string (cut to ``NOTIFY_MAX_BYTES`` as it is delivered).
 
@@ -42,6 +44,10 @@ def _boolean(value: object) -> bool:
     return isinstance(value, bool)
 
 
+def _size(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_INT
+
+
 def _notify_n(value: object) -> bool:
     return positive_int(value) and value <= protocol.NOTIFY_MAX_COUNT
 
@@ -52,8 +58,15 @@ FIELDS: dict[str, dict[str, Check]] = {
     protocol.CALL: {**_COMMON, "id": positive_int, "tool": _string, "params": _object},
     protocol.TEXT: {**_COMMON, "n": positive_int, "text": _string, "more": _boolean},
     protocol.NOTIFY: {**_COMMON, "n": _notify_n, "msg": _string},
+    protocol.IMAGE: {
+        **_COMMON,
+        "n": positive_int,
+        "bytes": _size,
+        "mime": _string,
+        "alt": _string,
+    },
 }
-_OPTIONAL = frozenset({"more"})
+_OPTIONAL = frozenset({"more", "mime", "alt"})
 
 
 def bad_fields(kind: str, data: dict[str, Any]) -> list[str]:

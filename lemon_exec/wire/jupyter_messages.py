@@ -89,7 +89,7 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
         raise ValueError("invalid message signature")
     unpack = wire.unpack
     header = unpack(frames[1])
-    return {
+    msg = {
         "header": header,
         "msg_id": header.get("msg_id"),
         "msg_type": header.get("msg_type"),
@@ -97,6 +97,11 @@ def unpack_signed(session: Any, raw: list[Any]) -> dict[str, Any]:
         "metadata": unpack(frames[3]),
         "content": _unpack_content(wire, frames[4]),
     }
+    if len(parts) > 5:
+        # Binary buffers (an image frame's bytes): unsigned, as in Jupyter's own protocol;
+        # the frame's signed content states each buffer's size.
+        msg["buffers"] = [part if isinstance(part, bytes) else part.bytes for part in parts[5:]]
+    return msg
 
 
 #: The content of a text frame exactly as the kernel packs it (comm_content), up to the
@@ -141,12 +146,14 @@ def pack_signed(
     content: bytes,
     parent: bytes = b"{}",
     ident: bytes | None = None,
-) -> list[bytes]:
+    buffers: tuple[Any, ...] = (),
+) -> list[Any]:
     """The wire frames of a signed Jupyter message whose content is already JSON.
 
     What ``Session.serialize(Session.msg(...))`` makes, for the bridge's hot path: the
     content is packed once by the caller (a text block's JSON is built from its string
-    directly), and ``parent`` is the cell's header, packed once per cell.
+    directly), and ``parent`` is the cell's header, packed once per cell. ``buffers``
+    (bytes-like) follow the content as Jupyter's binary buffers, unsigned and uncopied.
     """
     wire = _wire(session)
     number = session.message_count  # shared with Session.msg_id: ids stay unique
@@ -162,7 +169,7 @@ def pack_signed(
     packed = json.dumps(header).encode()
     parts = [packed, parent, b"{}", content]
     signature = wire.sign(parts) if wire.auth is not None else b""
-    return [*([ident] if ident is not None else []), DELIM, signature, *parts]
+    return [*([ident] if ident is not None else []), DELIM, signature, *parts, *buffers]
 
 
 def comm_content(comm_id: str, frame: Any, encoded_text: bytes | None = None) -> bytes:

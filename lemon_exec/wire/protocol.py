@@ -50,6 +50,13 @@ FRAME_CAP_BYTES = 256 * 1024
 NOTIFY_MAX_BYTES = 4 * 1024
 NOTIFY_MAX_COUNT = 64
 
+#: Most images per run and bytes of one image when the host names no budget of its own: one
+#: image travels in one message, which must stay under the 32 MiB message limit (limits.py).
+MAX_IMAGE_COUNT = 64
+MAX_IMAGE_BYTES = 32 * 2**20 - FRAME_CAP_BYTES
+#: An image's ``alt`` text is cut to this many UTF-8 bytes.
+IMAGE_ALT_MAX_BYTES = 1024
+
 #: Token length: 32 random bytes, url-safe base64 without padding → 43 characters.
 TOKEN_BYTES = 32
 TOKEN_LENGTH = 43
@@ -61,6 +68,17 @@ HELPER_NAMES: tuple[str, ...] = ("read", "grep", "find", "ls", "webfetch")
 CALL = "call"
 TEXT = "text"
 NOTIFY = "notify"
+IMAGE = "image"
+
+#: The image types a script may show (docs/comm-protocol.md §4, ``image``): the host
+#: checks each image's bytes against these, never trusting the type the script claimed.
+IMAGE_MIME_TYPES: tuple[str, ...] = (
+    "image/png",
+    "image/jpeg",
+    "image/gif",
+    "image/webp",
+    "image/svg+xml",
+)
 
 # -- error texts (docs/comm-protocol.md §9) ------------------------------------------------
 # Host side: the ``error`` of a failed reply, which the helper raises as ToolError.
@@ -79,6 +97,21 @@ RESULT_BUDGET = (
 )
 TEXT_BUDGET = "text() budget exceeded (max_text_bytes {limit})"
 TEXT_ABANDONED = "text() block abandoned before its last frame"
+IMAGE_COUNT_BUDGET = (
+    "image() budget exceeded: max_images ({limit}) images per run; earlier images are kept"
+)
+IMAGE_BYTES_BUDGET = (
+    "image() budget exceeded: this image is {size} bytes but only {remaining} of "
+    "max_image_bytes ({limit}) remain; earlier images are kept"
+)
+IMAGE_UNKNOWN = (
+    "image() data is not a PNG, JPEG, GIF, WebP or SVG image{claimed}; nothing was shown"
+)
+IMAGE_MISMATCH = (
+    "image() data is {actual} but was given as {claimed}; pass the right format= (or none "
+    "to use the type of the bytes)"
+)
+IMAGE_MALFORMED = "rpc request malformed: an image frame needs exactly one buffer of its size"
 # Kernel side: raised as ToolError in the script.
 KERNEL_TEXT_BUDGET = (
     "text() budget exceeded: this block needs {cost} bytes but only {remaining} of "
@@ -95,6 +128,7 @@ NO_REPLY = (
 CELL_ENDED = "the execute_code cell ended before the host replied"
 CELL_CLOSED = "the execute_code cell that owned this helper has ended"
 TEXT_REFUSED = "text() was refused by the host"
+IMAGE_REFUSED = "image() was refused by the host"
 BAD_UNICODE = (
     "helper arguments must be valid Unicode text (a lone surrogate cannot be sent to the host)"
 )
@@ -129,6 +163,16 @@ def notify_frame(n: int, token: str, msg: str) -> dict[str, Any]:
     return {"type": NOTIFY, "n": n, "token": token, "msg": msg}
 
 
+def image_frame(n: int, token: str, size: int, mime: str | None, alt: str | None) -> dict[str, Any]:
+    """An image frame; its bytes travel as the message's one binary buffer (``size`` long)."""
+    frame: dict[str, Any] = {"type": IMAGE, "n": n, "token": token, "bytes": size}
+    if mime is not None:
+        frame["mime"] = mime
+    if alt is not None:
+        frame["alt"] = alt
+    return frame
+
+
 def call_result(call_id: int, content: str) -> dict[str, Any]:
     """A call's successful reply (the host adds the cell's ``comm_id`` to every reply)."""
     return {"id": call_id, "ok": True, "content": content}
@@ -149,9 +193,22 @@ def text_reply(n: Any, error: str | None = None) -> dict[str, Any]:
     return {"n": n, "ok": True} if error is None else {"n": n, "ok": False, "error": error}
 
 
+def image_reply(n: Any, error: str | None = None) -> dict[str, Any]:
+    """An image's reply: accepted, or refused with ``error`` (raised as ToolError)."""
+    return {"image": n, "ok": True} if error is None else {"image": n, "ok": False, "error": error}
+
+
+_REPLY_KEYS = (
+    ("ack", CALL, True),
+    ("id", CALL, False),
+    ("n", TEXT, False),
+    ("image", IMAGE, False),
+)
+
+
 def reply_target(reply: Mapping[str, Any]) -> tuple[str, int, bool] | None:
     """What a reply answers: ``(frame kind, id or n, is_ack)``; None when it names nothing."""
-    for key, kind, is_ack in (("ack", CALL, True), ("id", CALL, False), ("n", TEXT, False)):
+    for key, kind, is_ack in _REPLY_KEYS:
         value = reply.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return kind, value, is_ack

@@ -20,14 +20,16 @@ import logging
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from lemon_exec._constants import GRACE_S
 from lemon_exec.host.cell.host_bridge import BridgeLimits, BridgeStats, HostBridge
+from lemon_exec.host.cell.image_frames import ImageStats
 from lemon_exec.host.cell.output import DEFAULT_MAX_SPILL_BYTES, CapturedOutput, OutputCapture
 from lemon_exec.host.kernels.backend import KernelHandle
+from lemon_exec.images import ImageBlock
 from lemon_exec.scope import AbortSignal  # public: defined where callers import it
 from lemon_exec.tools import ToolHost
 from lemon_exec.tools._toolset import ToolSet
@@ -87,6 +89,9 @@ class CellResult:
     memory_limit_mb: int | None = None
     #: Output of earlier cells' threads and children that the kernel dropped (its reply).
     late_output_bytes: int = 0
+    #: The images the script showed, in order, and their accounting.
+    images: list[ImageBlock] = field(default_factory=list)
+    image_stats: ImageStats = field(default_factory=ImageStats)
 
     @property
     def kernel_reusable(self) -> bool:
@@ -125,7 +130,7 @@ class _CellSink:
             self._output(str(content.get("text", "")))
         elif msg_type == "comm_msg":
             if content.get("comm_id") == self.bridge.comm_id:
-                self.bridge.handle(content.get("data"))
+                self.bridge.handle(content.get("data"), msg.get("buffers") or ())
         elif msg_type in ("display_data", "execute_result"):
             plain = (content.get("data") or {}).get("text/plain")
             if isinstance(plain, str):
@@ -195,6 +200,7 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
         limits=request.limits,
         send_reply=kernel.send_bridge_reply,
         on_notify=request.on_update,
+        spill_dir=request.spill_dir,
     )
     sink = _CellSink(capture, bridge, request.on_output)
     metadata = cell_setup.cell_metadata(
@@ -203,6 +209,8 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
             comm_id=bridge.comm_id,
             helpers=request.helpers,
             max_text_bytes=request.limits.max_text_bytes,
+            max_images=request.limits.max_images,
+            max_image_bytes=request.limits.max_image_bytes,
             filename=request.filename,
             argv=request.argv,
             cwd=str(request.cwd) if request.chdir else None,
@@ -236,6 +244,8 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
         output=output,
         text_blocks=list(bridge.text_blocks),
         stats=bridge.stats,
+        images=list(bridge.images.blocks),
+        image_stats=bridge.images.stats,
         duration_ms=int((time.monotonic() - started) * 1000),
     )
     if end == "ok" and kernel.fault:  # the cell's own messages were fine, a stray one was not

@@ -1,6 +1,7 @@
 """The host half of the per-cell bridge: authenticate, account, dispatch and answer frames.
 
-The kernel sends ``call``, ``text`` and ``notify`` frames (docs/comm-protocol.md). This
+The kernel sends ``call``, ``text``, ``notify`` and ``image`` frames (docs/comm-protocol.md;
+images are checked and kept by :mod:`.image_frames`). This
 dispatcher keeps the spec's invariants: authentication comes before any budget or lookup;
 a call slot is spent before dispatch; a request id is answered once and a replay is refused;
 at most ``max_parallel`` tool calls run at once (calls of upstream MCP server tools on a lane
@@ -15,7 +16,7 @@ import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,13 @@ from typing import Any
 from lemon_exec._constants import GRACE_S
 from lemon_exec.details import Details
 from lemon_exec.errors import ToolDenied, ToolFailure
+from lemon_exec.host.cell.image_frames import (
+    DEFAULT_MAX_IMAGE_BYTES,
+    DEFAULT_MAX_IMAGE_EDGE,
+    DEFAULT_MAX_IMAGES,
+    ImageFrames,
+    ImageLimits,
+)
 from lemon_exec.tools import ToolCall, ToolHost
 from lemon_exec.wire import json_strings, protocol, text_budget
 from lemon_exec.wire.frame_fields import bad_fields, positive_int
@@ -87,6 +95,10 @@ class BridgeLimits:
     #: Calls of upstream MCP server tools in flight at once, on their own lane: they wait on
     #: another process, not on this host, so they need not queue behind the built-ins.
     max_parallel_mcp: int = 16
+    #: The image channel's budgets (image_frames.py).
+    max_images: int = DEFAULT_MAX_IMAGES
+    max_image_bytes: int = DEFAULT_MAX_IMAGE_BYTES
+    max_image_edge: int = DEFAULT_MAX_IMAGE_EDGE
 
 
 class HostBridge:
@@ -101,6 +113,7 @@ class HostBridge:
         limits: BridgeLimits,
         send_reply: Callable[[dict[str, Any]], None],
         on_notify: Callable[[str], None] | None = None,
+        spill_dir: Path | None = None,
     ) -> None:
         self.token = new_token()
         self.comm_id = secrets.token_hex(16)
@@ -120,21 +133,27 @@ class HostBridge:
         self._mcp_slots = asyncio.Semaphore(limits.max_parallel_mcp)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        #: The cell's images (image frames); ``spill_dir`` keeps downscaled originals.
+        self.images = ImageFrames(
+            ImageLimits(limits.max_images, limits.max_image_bytes, limits.max_image_edge),
+            spill_dir,
+            self._reply,
+        )
 
     # -- frames ----------------------------------------------------------------------------
 
-    def handle(self, data: Any) -> None:
-        """Handle one kernel → host frame (the ``data`` of a comm_msg)."""
+    def handle(self, data: Any, buffers: Sequence[bytes] = ()) -> None:
+        """Handle one kernel → host frame (the ``data`` of a comm_msg, and its buffers)."""
         if self._closed:
             return  # tool work after the run would be work nobody waits for
         try:
-            self._handle(data)
+            self._handle(data, buffers)
         except Exception:
             # A fault in the dispatcher itself: the accounting can no longer be proven.
             log.exception("bridge dispatcher fault")
             self.stats.accounting_loss = True
 
-    def _handle(self, data: Any) -> None:
+    def _handle(self, data: Any, buffers: Sequence[bytes] = ()) -> None:
         if not isinstance(data, dict):
             return  # malformed frames are consumed, never counted
         kind = data.get("type")
@@ -144,6 +163,15 @@ class HostBridge:
             self._handle_text(data)
         elif kind == protocol.NOTIFY:
             self._handle_notify(data)
+        elif kind == protocol.IMAGE:
+            self._handle_image(data, buffers)
+
+    def _handle_image(self, data: dict[str, Any], buffers: Sequence[bytes]) -> None:
+        if not self._authentic(data):
+            self.stats.denied += 1
+            self._reply(protocol.image_reply(data.get("n"), protocol.AUTH_FAILED))
+            return
+        self.images.take(data, buffers, len(self.text_blocks))
 
     def _authentic(self, data: dict[str, Any]) -> bool:
         token = data.get("token")
@@ -385,6 +413,7 @@ class HostBridge:
         period (its reply is never sent) and the accounting becomes a lower bound.
         """
         self._closed = True
+        self.images.close()
         deadline = time.monotonic() + GRACE_S
         while pending := [t for t in self._tasks if not t.done()]:
             for task in pending:

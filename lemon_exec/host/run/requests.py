@@ -36,6 +36,9 @@ class CellRequests:
             max_text_bytes=c.max_text_bytes,
             max_parallel=c.max_parallel_rpc,
             max_parallel_mcp=c.max_parallel_mcp,
+            max_images=c.max_images,
+            max_image_bytes=c.max_image_bytes,
+            max_image_edge=c.max_image_edge,
         )
 
     def for_script(

@@ -21,7 +21,7 @@ from lemon_exec.details import OUTCOME_FLAGS, Details, Outcome
 from lemon_exec.envelope import wrap_untrusted
 from lemon_exec.host.cell.execute import CellEnd, CellResult
 from lemon_exec.host.cell.output import format_truncated_output
-from lemon_exec.result import ExecuteCodeResult
+from lemon_exec.result import ExecuteCodeResult, Trust
 
 __all__ = [
     "ACCOUNTING_NOTICE",
@@ -173,6 +173,7 @@ def build_result(
     out["text_blocks"] = len(cell.text_blocks)
     out["notifications"] = cell.stats.notifications
     out.update(cell.stats.details())
+    out.update(cell.image_stats.details())
     flag = OUTCOME_FLAGS.get(cell_outcome(cell.end))
     if flag is not None:
         out[flag] = True  # type: ignore[literal-required]  # a key of Details, by the table
@@ -182,7 +183,8 @@ def build_result(
         out["late_output_bytes"] = cell.late_output_bytes
     if cell.output.spill_path is not None:
         out["full_output_path"] = str(cell.output.spill_path)
-    return ExecuteCodeResult(content, out, "trusted" if notice is None else "untrusted")
+    trust: Trust = "trusted" if notice is None else "untrusted"
+    return ExecuteCodeResult(content, out, trust, images=list(cell.images))
 
 
 def _content(cell: CellResult, head: str | None, notes: list[str], lead: str | None) -> str:
