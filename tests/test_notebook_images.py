@@ -1,13 +1,14 @@
-"""Images of scenario calls as notebook outputs, on results built by hand (no kernel).
+"""Images of scenario calls as notebook outputs: first on results built by hand (no kernel).
 
-The end-to-end runs (real ``image()`` calls through ``run_scenario`` and the pytest plugin)
-are in ``test_images_front_doors.py``.
+Then real runs: ``image()`` calls through ``run_scenario`` and through the pytest plugin.
 """
 
 from __future__ import annotations
 
 import base64
 import copy
+import subprocess
+import sys
 from pathlib import Path
 
 import nbformat
@@ -22,6 +23,7 @@ from lemon_exec.notebooks.runner import (
     CellOptions,
     ScenarioResult,
     compare_outputs,
+    run_scenario_sync,
     stored_record,
     write_outputs,
 )
@@ -107,3 +109,84 @@ def test_results_without_images_keep_their_old_shape() -> None:
     assert [o["output_type"] for o in nb.cells[0].outputs] == ["execute_result", "display_data"]
     assert "images" not in result.calls[0].record()
     assert compare_outputs(nb, result) == []
+
+
+# --- real scenario runs ----------------------------------------------------------------------
+
+PNG = png(5, 4)
+SHOW = (
+    "import base64\n"
+    "text('before')\n"
+    f"image(base64.b64decode({base64.b64encode(PNG).decode()!r}), format='png', alt='a patch')\n"
+    "text('after')\n"
+)
+PIL_CELL = "from PIL import Image\nimage(Image.new('RGB', (6, 2), 'blue'), alt='blue')\n"
+
+
+@pytest.mark.kernel
+@pytest.mark.timeout(120)
+def test_run_scenario_puts_real_images_into_the_notebook(tmp_path: Path) -> None:
+    nb = new_notebook(
+        metadata={"lemon": {}},
+        cells=[new_code_cell(SHOW), new_code_cell("text('no picture')"), new_code_cell(PIL_CELL)],
+    )
+    result = run_scenario_sync(nb)
+    write_outputs(nb, result, normalized=True)
+    nbformat.validate(nb)
+
+    def images(cell: int) -> list[tuple[str, str]]:
+        return [
+            (next(k for k in o["data"] if k.startswith("image/")), o["data"]["text/plain"])
+            for o in nb.cells[cell].outputs
+            if o["output_type"] == "display_data" and "text/plain" in o["data"]
+            and o["metadata"].get("lemon", {}).get("output") == "image"
+        ]  # fmt: skip
+
+    assert images(0) == [("image/png", "a patch")]
+    assert images(1) == []
+    assert images(2) == [("image/png", "blue")]
+    shown = nb.cells[0].outputs[1]
+    assert base64.b64decode(shown["data"]["image/png"]) == PNG
+    assert shown["metadata"]["lemon"]["image"]["after_text_blocks"] == 1
+    assert nb.cells[2].outputs[1]["metadata"]["image/png"] == {"width": 6, "height": 2}
+    assert result.calls[0].details["images"] == 1
+    assert compare_outputs(nb, result) == []
+
+
+def _pytest_in(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.kernel
+@pytest.mark.timeout(300)
+def test_the_pytest_plugin_stores_and_compares_images(tmp_path: Path) -> None:
+    folder = tmp_path / "notebooks"
+    folder.mkdir()
+    path = folder / "pictures.ipynb"
+    nbformat.write(new_notebook(metadata={"lemon": {}}, cells=[new_code_cell(SHOW)]), path)
+
+    regen = _pytest_in(tmp_path, "--lemon-regen")
+    assert regen.returncode == 0, regen.stdout + regen.stderr
+    stored = nbformat.read(path, as_version=4)
+    nbformat.validate(stored)
+    kinds = [o["output_type"] for o in stored.cells[0].outputs]
+    assert kinds == ["execute_result", "display_data", "display_data"]
+    assert base64.b64decode(stored.cells[0].outputs[1]["data"]["image/png"]) == PNG
+
+    check = _pytest_in(tmp_path)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    stored.cells[0].source = SHOW.replace("alt='a patch'", "alt='another'")
+    nbformat.write(stored, path)
+    changed = _pytest_in(tmp_path)
+    assert changed.returncode == 1
+    assert "Results differ from the stored outputs" in changed.stdout
+    assert '"alt": "another"' in changed.stdout
