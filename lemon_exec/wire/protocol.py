@@ -111,6 +111,9 @@ IMAGE_MISMATCH = (
     "image() data is {actual} but was given as {claimed}; pass the right format= (or none "
     "to use the type of the bytes)"
 )
+IMAGE_BAD_HEADER = (
+    "image() data starts as {actual} but has no valid {actual} header; nothing was shown"
+)
 IMAGE_MALFORMED = "rpc request malformed: an image frame needs exactly one buffer of its size"
 # Kernel side: raised as ToolError in the script.
 KERNEL_TEXT_BUDGET = (

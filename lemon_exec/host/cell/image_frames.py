@@ -136,6 +136,8 @@ class ImageFrames:
         if claimed is not None and claimed != actual:
             return protocol.IMAGE_MISMATCH.format(actual=actual, claimed=claimed), None
         size = image_types.dimensions(raw, actual)
+        if actual != image_types.SVG and (size is None or 0 in size):
+            return protocol.IMAGE_BAD_HEADER.format(actual=actual), None
         alt = data.get("alt")
         if alt is not None:
             alt = text_budget.truncate_utf8(
