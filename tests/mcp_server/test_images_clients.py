@@ -19,6 +19,7 @@ import pytest
 from agents.mcp import MCPServerStdio as AgentsMCPServerStdio
 from agents.mcp import MCPUtil
 from agents.run_context import RunContextWrapper
+from fastmcp import Client as FastMCPClient
 from fastmcp.client.transports import StdioTransport
 from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult, ImageContent, TextContent
@@ -153,3 +154,22 @@ async def test_openai_agents_gets_an_image_url(tmp_path: Path) -> None:
     assert text == {"type": "text", "text": TEXT}
     assert image["type"] == "image"
     assert image["image_url"] == f"data:image/png;base64,{base64.b64encode(PNG).decode()}"
+
+
+async def test_fastmcp_content_has_the_image_and_data_the_metadata(tmp_path: Path) -> None:
+    argv = lemon_exec_argv("mcp")
+    transport = StdioTransport(
+        argv[0], argv[1:], env=dict(os.environ), cwd=str(tmp_path), keep_alive=False
+    )
+    async with FastMCPClient(transport, timeout=90) as client:
+        result = await client.call_tool("execute_code", {"script": SCRIPT})
+
+    text, image = result.content
+    assert isinstance(text, TextContent) and text.text == TEXT
+    assert isinstance(image, ImageContent)
+    assert base64.b64decode(image.data) == PNG
+    data: Any = result.data  # the structured object: the metadata, not the picture
+    assert data.content == TEXT
+    assert [dict(item) if isinstance(item, dict) else vars(item) for item in data.images] == [
+        METADATA
+    ]
