@@ -93,7 +93,7 @@ def run_command(args: argparse.Namespace) -> int:
     def progress(call: runner.CallRecord) -> None:
         if args.quiet and not call.failures:
             return
-        status = runner.status_line(call.details, call.trust, len(call.notify))
+        status = runner.status_line(call.details, call.trust, len(call.notify), len(call.images))
         extra = call.options.describe()
         print(f"[{call.execution_count}] {call.summary}" + (f"  ({extra})" if extra else ""))
         print(f"    {_plain(status)}")

@@ -6,6 +6,11 @@ the rest of the tool result follows on stdout: the headline of a failure, notes,
 ``text()`` blocks (the printed output is not repeated). ``--json`` prints the whole result as
 one JSON object instead, and streams nothing but ``notify()`` lines (on stderr).
 
+Images the script showed with ``image()`` are written to files (see
+:mod:`lemon_exec.cli.images`) and each path is named on stderr, so stdout stays the script's
+output and its result. ``--json`` carries them base64 in the object instead (``images``) and
+writes files only when ``--images-dir`` asks for them.
+
 Running the command is the user's explicit opt-in, so the tool is enabled unless a config
 file or the environment turns it off explicitly (``ExecuteCodeConfig.load(...,
 default_enabled=True)``); the library default stays disabled.
@@ -26,8 +31,10 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from lemon_exec.cli.images import describe, prepare_images_dir, save_images, script_stem
 from lemon_exec.cli.live import LiveOutput, unstreamed_content, write_text
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
@@ -105,7 +112,16 @@ def register(subparsers: Any) -> None:
         "--json",
         action="store_true",
         dest="as_json",
-        help='print the result as one JSON object {"content", "details", "trust"}',
+        help='print the result as one JSON object {"content", "details", "trust"} (and '
+        '"images", base64, when the script showed any)',
+    )
+    parser.add_argument(
+        "--images-dir",
+        metavar="DIR",
+        default=None,
+        help="write the images the script shows to DIR (made if missing) as FILE-1.png, ...; "
+        "an existing file is never replaced. Default: beside the output spill file (kept "
+        "24 h), or no files with --json. Each path is printed on stderr",
     )
     parser.set_defaults(func=run_command)
 
@@ -125,6 +141,13 @@ def run_command(args: argparse.Namespace) -> int:
     except LemonExecError as exc:
         _error(str(exc))
         return EXIT_USAGE
+    images_dir: Path | None = None
+    if args.images_dir is not None:
+        try:
+            images_dir = prepare_images_dir(args.images_dir)
+        except OSError as exc:
+            _error(f"--images-dir {args.images_dir}: {exc.strerror or exc}")
+            return EXIT_USAGE
     registry = None
     if args.mcp_config is not None:
         from lemon_exec.tools._mcp_config import registry_with_mcp_servers
@@ -153,9 +176,12 @@ def run_command(args: argparse.Namespace) -> int:
         argv=(args.file, *script_args),
     )
     live = None if args.as_json else LiveOutput(sys.stdout)
+    images = None if args.as_json and images_dir is None else _ImageSink(images_dir, args.file)
 
     try:
-        result, signum = asyncio.run(_run(script, config, timeout_ms, source, live, registry))
+        result, signum = asyncio.run(
+            _run(script, config, timeout_ms, source, live, registry, images)
+        )
     except LemonExecError as exc:  # e.g. the private staging directory could not be made
         _error(str(exc))
         return EXIT_USAGE
@@ -172,12 +198,56 @@ def run_command(args: argparse.Namespace) -> int:
                 _write(("\n" if live.wrote_any else "") + rest.rstrip("\n") + "\n")
     except BrokenPipeError:
         _silence_stdout()
+    if images is not None:
+        images.report()
     if signum is not None:
         return _SIGNAL_EXIT.get(signum, 128 + int(signum))
     if refused:
         _error(result.content)
         return EXIT_USAGE
+    if images is not None and images.failed:
+        return EXIT_SCRIPT_FAILED  # the script's images did not reach the user
     return EXIT_OK if result.ok else EXIT_SCRIPT_FAILED
+
+
+class _ImageSink:
+    """Saves a result's images (``--images-dir``, else the spill directory) and reports them."""
+
+    def __init__(self, directory: Path | None, filename: str) -> None:
+        self._directory = directory
+        self._stem = script_stem(filename)
+        self._lines: list[str] = []
+        self.failed = False
+
+    def save(self, result: ExecuteCodeResult, spill_dir: Path | None) -> None:
+        """Write the images; called while the facade (and so its spill directory) is open."""
+        if not result.images:
+            return
+        directory = self._directory if self._directory is not None else spill_dir
+        if directory is None:  # pragma: no cover - a result with images had a staging root
+            self._fail(f"{len(result.images)} image(s) not saved: no directory to put them in")
+            return
+        try:
+            paths = save_images(
+                result.images, directory, stem=self._stem, private=self._directory is None
+            )
+        except (OSError, LemonExecError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            self._fail(f"cannot save the script's images in {directory}: {reason}")
+            return
+        self._lines = [
+            describe(n, image, path)
+            for n, (image, path) in enumerate(zip(result.images, paths, strict=True), start=1)
+        ]
+
+    def report(self) -> None:
+        for line in self._lines:
+            _note(line)
+
+    def _fail(self, message: str) -> None:
+        self.failed = True
+        self._lines = []
+        _error(message)
 
 
 @dataclass(frozen=True)
@@ -193,6 +263,7 @@ async def _run(
     source: _SourceName,
     live: LiveOutput | None,
     registry: ToolRegistry | None = None,
+    images: _ImageSink | None = None,
 ) -> tuple[ExecuteCodeResult, signal.Signals | None]:
     """Run ``script``; Ctrl-C or SIGTERM aborts the run. Returns the result and the signal."""
     loop = asyncio.get_running_loop()
@@ -223,6 +294,10 @@ async def _run(
                 on_output=None if live is None else live.write,
                 source=ScriptSource(source.filename, source.argv),
             )
+            if images is not None:
+                # Before the facade closes: its staging root keeps the spill directory (and
+                # what is in it) only while something is there.
+                images.save(result, tool.diagnostics.spill_dir)
     finally:
         for signum in installed:
             loop.remove_signal_handler(signum)
@@ -233,6 +308,13 @@ def _notify(message: str) -> None:
     """Show a notify() partial update live, one line each (it already reads ``notify: ...``)."""
     with contextlib.suppress(OSError):
         sys.stderr.write(f"{message}\n")
+        sys.stderr.flush()
+
+
+def _note(message: str) -> None:
+    """One informational line on stderr (``lemon-exec: image 1 (...): PATH``)."""
+    with contextlib.suppress(OSError):
+        sys.stderr.write(f"{_PROG}: {message}\n")
         sys.stderr.flush()
 
 

@@ -22,8 +22,9 @@ from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.mcpserver.tools import Tool
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 
+from lemon_exec.mcp._images import image_content, image_metadata
 from lemon_exec.result import ExecuteCodeResult
 
 log = logging.getLogger(__name__)
@@ -125,17 +126,23 @@ def code_result(result: ExecuteCodeResult) -> CallToolResult:
     """The MCP form of an execute_code result.
 
     ``content`` is the result text as is (an untrusted result already carries its
-    external-content envelope); ``structuredContent`` holds the same text as ``content``,
-    plus ``details`` and ``trust`` (many clients show the model only the structured object).
-    ``isError`` marks a call that was refused before anything ran.
+    external-content envelope), then one ``ImageContent`` block per image the script showed,
+    in order; ``structuredContent`` holds the same text as ``content``, plus ``details`` and
+    ``trust`` (many clients show the model only the structured object), and ``images`` (their
+    metadata, not their bytes) when there are any. ``isError`` marks a call that was refused
+    before anything ran.
     """
-    structured = {
+    structured: dict[str, Any] = {
         "content": result.content,
         "details": _jsonable(result.details),
         "trust": result.trust,
     }
+    content: list[ContentBlock] = [TextContent(type="text", text=result.content)]
+    if result.images:
+        structured["images"] = [image_metadata(image) for image in result.images]
+        content.extend(image_content(image) for image in result.images)
     return CallToolResult(
-        content=[TextContent(type="text", text=result.content)],
+        content=content,
         structured_content=structured,
         is_error=bool(result.details.get("error")),
     )

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from lemon_exec.mcp._images import IMAGES_OUTPUT_SCHEMA
+
 if TYPE_CHECKING:
     from lemon_exec.host.kernels.sandbox import SandboxSpec
 
@@ -64,7 +66,8 @@ EXECUTE_COMMAND_SCHEMA: dict[str, Any] = {
 }
 #: execute_code's structuredContent. Clients such as pydantic-ai, the OpenAI Agents SDK (with
 #: use_structured_content) and fastmcp (result.data) hand the model this object instead of
-#: ``content``, so it repeats the result text.
+#: ``content``, so it repeats the result text. ``images`` is there only when the script showed
+#: images; their bytes are in ``content``'s image blocks, never here.
 EXECUTE_CODE_OUTPUT_SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -82,6 +85,7 @@ EXECUTE_CODE_OUTPUT_SCHEMA: dict[str, Any] = {
             "enum": ["trusted", "untrusted"],
             "description": "untrusted when third-party content (webfetch) reached the result.",
         },
+        "images": IMAGES_OUTPUT_SCHEMA,
     },
     "required": ["content", "details", "trust"],
 }
@@ -95,9 +99,9 @@ BAD_COMMAND = "execute_command: `command` is required and must be a string."
 BAD_TIMEOUT = "execute_command: `timeout` must be a number of seconds."
 INSTRUCTIONS = (
     "execute_code runs a Python 3 script whose helpers (read, grep, find, ls, webfetch) call "
-    "host tools; only text() blocks are its result. execute_command runs a bash command in a "
-    "shell session that remembers its working directory. Both run with the server user's "
-    "permissions: this is not a sandbox."
+    "host tools; only text() blocks and the pictures image() shows are its result. "
+    "execute_command runs a bash command in a shell session that remembers its working "
+    "directory. Both run with the server user's permissions: this is not a sandbox."
 )
 SHELL_INSTRUCTIONS = (
     "execute_command runs a bash command in a shell session that remembers its working "

@@ -158,14 +158,18 @@ class Normalizer:
         return value
 
     def record(self, record: Mapping[str, Any]) -> Record:
-        """Normalise a record (``content``, ``notify``, ``details``, ``trust``)."""
+        """Normalise a record (``content``, ``notify``, ``details``, ``trust``, ``images``)."""
         details = self.details(record.get("details") or {})
-        return {
+        out: Record = {
             "content": self.text(str(record.get("content", ""))),
             "notify": [self.text(str(m)) for m in record.get("notify") or []],
             "trust": record.get("trust", "trusted"),
             "details": details,
         }
+        if record.get("images"):
+            # Image metadata: only the alt text can hold a path or a temporary name.
+            out["images"] = [self._value(dict(image)) for image in record["images"]]
+        return out
 
 
 def _compile_rules(rules: Iterable[Sequence[str]]) -> list[tuple[re.Pattern[str], str]]:

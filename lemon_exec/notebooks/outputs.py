@@ -2,8 +2,9 @@
 compared.
 
 Each call's cell gets a stream of its notify messages, an ``execute_result`` (the content as
-the model reads it, with a Markdown status line) and a ``display_data`` record (details,
-trust, notify), marked in ``metadata.lemon.output`` so that they can be found again. A later
+the model reads it, with a Markdown status line), one ``display_data`` per image the script
+showed (:mod:`lemon_exec.notebooks.images`) and a ``display_data`` record (details, trust,
+notify), marked in ``metadata.lemon.output`` so that they can be found again. A later
 run compares its normalised results with the stored ones.
 """
 
@@ -21,6 +22,8 @@ from nbformat import NotebookNode
 from nbformat.v4 import new_output
 
 from lemon_exec.details import Outcome, outcome_of
+from lemon_exec.images import ImageBlock
+from lemon_exec.notebooks.images import image_metadata, image_outputs, stored_images
 from lemon_exec.notebooks.normalize import Normalizer, Record
 from lemon_exec.notebooks.options import (
     METADATA_KEY,
@@ -65,15 +68,20 @@ class CallRecord:
     trust: str
     notify: list[str]
     failures: list[str] = field(default_factory=list)
+    #: The images the call's script showed (``ExecuteCodeResult.images``), in order.
+    images: list[ImageBlock] = field(default_factory=list)
 
     def record(self) -> Record:
-        """The comparable record (not normalised)."""
-        return {
+        """The comparable record (not normalised); ``images`` only when there are any."""
+        record: Record = {
             "content": self.content,
             "notify": list(self.notify),
             "trust": self.trust,
             "details": dict(self.details),
         }
+        if self.images:
+            record["images"] = [image_metadata(image) for image in self.images]
+        return record
 
     @property
     def summary(self) -> str:
@@ -103,7 +111,9 @@ class ScenarioResult:
         ]
 
 
-def status_line(details: Mapping[str, Any], trust: str = "trusted", notify: int = 0) -> str:
+def status_line(
+    details: Mapping[str, Any], trust: str = "trusted", notify: int = 0, images: int = 0
+) -> str:
     """One line of Markdown saying how a call went (outcome, mode, kernel, counts)."""
     parts = [f"**{_outcome(details)}**"]
     mode = details.get("mode")
@@ -135,6 +145,8 @@ def status_line(details: Mapping[str, Any], trust: str = "trusted", notify: int 
             parts.append(f"{n} {one if n == 1 else many}")
     if notify:
         parts.append(f"{notify} notify")
+    if images:
+        parts.append(f"{images} image{'' if images == 1 else 's'}")
     if details.get("truncated"):
         parts.append("output truncated")
     if trust != "trusted":
@@ -155,7 +167,10 @@ def render_markdown(record: Mapping[str, Any]) -> str:
     content = str(record.get("content", ""))
     fence = "`" * max(3, _longest_backtick_run(content) + 1)
     status = status_line(
-        details, str(record.get("trust", "trusted")), len(record.get("notify") or [])
+        details,
+        str(record.get("trust", "trusted")),
+        len(record.get("notify") or []),
+        len(record.get("images") or []),
     )
     return f"{status}\n\n{fence}text\n{content.rstrip(chr(10))}\n{fence}\n"
 
@@ -169,9 +184,15 @@ def _longest_backtick_run(text: str) -> int:
 
 
 def outputs_for(
-    record: Mapping[str, Any], execution_count: int, failures: list[str] | None = None
+    record: Mapping[str, Any],
+    execution_count: int,
+    failures: list[str] | None = None,
+    images: list[ImageBlock] | None = None,
 ) -> list[NotebookNode]:
-    """The cell outputs of one call: notify stream, result, record (and failures)."""
+    """The cell outputs of one call: notify stream, result, images, record (and failures).
+
+    ``images`` are the pictures of the images ``record["images"]`` describes.
+    """
     outputs: list[NotebookNode] = []
     notify = list(record.get("notify") or [])
     if notify:
@@ -190,6 +211,8 @@ def outputs_for(
             execution_count=execution_count,
         )
     )
+    if images:
+        outputs.extend(image_outputs(images, record.get("images") or []))
     stored = {
         "trust": record.get("trust", "trusted"),
         "notify": notify,
@@ -228,7 +251,7 @@ def write_outputs(nb: NotebookNode, result: ScenarioResult, *, normalized: bool)
     for call, norm in zip(result.calls, result.normalized, strict=True):
         cell = nb.cells[call.cell_index]
         record = norm if normalized else call.record()
-        cell.outputs = outputs_for(record, call.execution_count, call.failures)
+        cell.outputs = outputs_for(record, call.execution_count, call.failures, call.images)
         cell.execution_count = call.execution_count
     spec = nb.metadata.get("kernelspec")
     if not spec:
@@ -254,12 +277,16 @@ def stored_record(cell: NotebookNode) -> Record | None:
                 stored = value
     if content is None or stored is None:
         return None
-    return {
+    record: Record = {
         "content": content,
         "notify": list(stored.get("notify") or []),
         "trust": stored.get("trust", "trusted"),
         "details": dict(stored.get("details") or {}),
     }
+    images = stored_images(cell)
+    if images:
+        record["images"] = images
+    return record
 
 
 def compare_outputs(nb: NotebookNode, result: ScenarioResult) -> list[str]:

@@ -143,6 +143,7 @@ async def run_scenario(
                 trust=result.trust,
                 notify=notes,
                 failures=check_expectations(cell_options.expect, result.details),
+                images=list(result.images),
             )
             calls.append(call)
             if progress is not None:
