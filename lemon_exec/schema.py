@@ -63,6 +63,9 @@ def describe(config: ExecuteCodeConfig, tools: Sequence[Mapping[str, Any]] | Non
         "- text(s): add s to the result. Only text() blocks are the result; printed "
         "output is returned separately as diagnostics.",
         "- notify(msg): stream a short progress message while the script runs.",
+        "- image(obj, format=None, alt=None): show the model an image (a matplotlib figure or "
+        "plt, a PIL image, an image file path, or bytes with format='png'); shown images "
+        f"follow the text, at most {config.max_images} ({config.max_image_bytes} bytes) per run.",
         "- batch([(tool, params_dict), ...]) -> list[str]: run helper calls in parallel, "
         "results in input order; the first failure is re-raised.",
         "- ToolError: raised by a helper on denial, failure or a budget limit (catchable).",
