@@ -1,7 +1,7 @@
 """Licence check of lemon_exec's runtime dependency tree (run by ``.ci/run``).
 
 Walks the requirements of the installed ``lemon_exec`` (its own, and those of the extras
-users install to run it: ``mcp`` and ``notebook``) through ``importlib.metadata``, reads each
+users install to run it: ``mcp``, ``notebook`` and ``images``) through ``importlib.metadata``, reads each
 distribution's licence (``License-Expression``, else the ``License :: ...`` classifiers, else
 the ``License`` field) and fails when one is not on the permissive allowlist below. An MIT
 package must not pull in copyleft code (webfetch once depended on html2text, GPL-3.0).
@@ -25,6 +25,8 @@ from packaging.requirements import Requirement
 ALLOWED = {
     "MIT", "MIT-0", "BSD", "BSD-2-Clause", "BSD-3-Clause", "0BSD", "Apache-2.0", "ISC",
     "PSF-2.0", "Python-2.0", "Unlicense", "Zlib", "HPND",
+    # HPND's "MIT-CMU" variant (Pillow): permissive, notice kept.
+    "MIT-CMU",
     # Weak, file-level copyleft: using the files unmodified puts nothing on our code (certifi).
     "MPL-2.0",
 }
@@ -108,9 +110,11 @@ def _norm(name: str) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--extra", action="append", default=None, help="default: mcp, notebook")
+    parser.add_argument(
+        "--extra", action="append", default=None, help="default: mcp, notebook, images"
+    )
     args = parser.parse_args()
-    extras = args.extra if args.extra is not None else ["mcp", "notebook"]
+    extras = args.extra if args.extra is not None else ["mcp", "notebook", "images"]
     bad: list[str] = []
     dists = tree("lemon_exec", extras)
     for key in sorted(dists):
