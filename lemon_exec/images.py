@@ -30,6 +30,18 @@ class ImageBlock:
     #: How many ``text()`` blocks the script had sent before this image: its place among them.
     after_text_blocks: int = 0
 
+    def metadata(self) -> dict[str, Any]:
+        """Everything but the bytes: what the MCP server's structured content and the
+        notebook scenarios record of an image (``bytes`` is the data's length)."""
+        return {
+            "mime_type": self.mime_type,
+            "width": self.width,
+            "height": self.height,
+            "alt": self.alt,
+            "bytes": len(self.data),
+            "after_text_blocks": self.after_text_blocks,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``data`` base64-encoded (standard alphabet, padded)."""
         return {

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.images import ImageBlock
-from lemon_exec.proc.private_fs import check_private_dir, write_private_file
+from lemon_exec.proc.private_fs import check_private_dir, create_new_file, write_private_file
 
 __all__ = ["describe", "prepare_images_dir", "save_images", "script_stem"]
 
@@ -36,7 +36,6 @@ _EXTENSIONS = {
 }
 #: How many names ``<name>-<n>-<k>.<ext>`` are tried before giving up on one image.
 _MAX_ATTEMPTS = 1000
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def script_stem(filename: str) -> str:
@@ -99,19 +98,10 @@ def _write_new(directory: Path, base: str, ext: str, data: bytes) -> Path:
     for attempt in range(1, _MAX_ATTEMPTS + 1):
         path = directory / (f"{base}.{ext}" if attempt == 1 else f"{base}-{attempt}.{ext}")
         try:
-            # O_EXCL | O_NOFOLLOW: an existing file, or a symlink planted at the name, is
-            # never written through; the umask gives the user's usual permissions.
-            fd = os.open(path, _NEW_FILE_FLAGS, 0o666)
+            # An existing file, or a symlink planted at the name, is never written through;
+            # the umask gives the user's usual permissions.
+            create_new_file(path, data, 0o666)
         except FileExistsError:
             continue
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
         return path
     raise FileExistsError(f"{directory / base}.{ext} and {_MAX_ATTEMPTS - 1} other names exist")

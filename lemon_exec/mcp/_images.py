@@ -49,11 +49,4 @@ def image_content(image: ImageBlock) -> ImageContent:
 
 def image_metadata(image: ImageBlock) -> dict[str, Any]:
     """What ``structuredContent.images`` says of one image: everything but the bytes."""
-    return {
-        "mime_type": image.mime_type,
-        "width": image.width,
-        "height": image.height,
-        "alt": image.alt,
-        "bytes": len(image.data),
-        "after_text_blocks": image.after_text_blocks,
-    }
+    return image.metadata()

@@ -17,6 +17,7 @@ import json
 import os
 import stat
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -139,13 +140,30 @@ def write_private_file(directory: Path, name: str, data: bytes | str) -> Path:
         raise ValueError(f"not a plain file name: {name!r}")
     payload = data.encode("utf-8") if isinstance(data, str) else data
     path = Path(directory) / name
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-    fd = os.open(path, flags, 0o600)
-    try:
+
+    def owner_only(fd: int) -> None:
         mode = stat.S_IMODE(os.fstat(fd).st_mode)
         if mode & 0o077:  # only a very odd umask could get here, but never leak
             raise refused(f"{path} was created with mode {mode:04o}")
-        view = memoryview(payload)
+
+    create_new_file(path, payload, 0o600, check=owner_only)
+    return path
+
+
+def create_new_file(
+    path: Path, data: bytes, mode: int, check: Callable[[int], None] | None = None
+) -> None:
+    """Create ``path`` holding ``data`` (``mode`` less the umask); never an existing name.
+
+    ``O_EXCL | O_NOFOLLOW``: an existing file *or symlink* at the name raises
+    ``FileExistsError`` rather than being written through. ``check`` sees the new file's
+    descriptor before anything is written; a failure removes the file.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, mode)
+    try:
+        if check is not None:
+            check(fd)
+        view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     except BaseException:
@@ -153,7 +171,6 @@ def write_private_file(directory: Path, name: str, data: bytes | str) -> Path:
         path.unlink(missing_ok=True)
         raise
     os.close(fd)
-    return path
 
 
 # --- owner markers ------------------------------------------------------------------------------
