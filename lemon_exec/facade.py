@@ -186,7 +186,7 @@ class ExecuteCode:
         The owner runs through the same runner as :meth:`run`; dropping the handle (garbage
         collection) detaches it as :meth:`SessionOwner.close` does.
         """
-        owner = SessionOwner(self._runner, scope, self._runner.attach())
+        owner = SessionOwner(self._runner, scope, self._runner.attach(), self._call_sync)
         detach_when_collected(owner, self._runner, owner.owner_id)
         return owner
 

@@ -187,6 +187,27 @@ def test_cancelled_session_job_discards_its_kernel(tmp_path: Path) -> None:
     run(body, kernel_mode="session")
 
 
+def test_an_owner_starts_jobs_in_its_kernel_and_closing_it_aborts_them(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+
+    async def body(ec: ExecuteCode) -> None:
+        owner = await ec.attach(SessionScope("s3", "a1", str(tmp_path)))
+        job = await owner.start(gated(gate, before="z = 6", after="text('gated')"))
+        assert await await_until(lambda: job.state == "running")
+        assert job in ec.jobs() and ec.job(job.id) == job
+        gate.touch()
+        assert (await job.wait(60)).details["state_retained"] is True
+        assert (await owner.run("text(str(z * 7))")).content.endswith("42")  # its kernel
+
+        long = await owner.start("import time\nprint('go', flush=True)\ntime.sleep(300)")
+        assert await printed(long, "go")
+        await owner.aclose()  # the active call of a closing owner is aborted
+        result = await long.wait(60)
+        assert long.state == "cancelled" and result.details["state_retained"] is False
+
+    run(body, kernel_mode="session")
+
+
 def test_crashed_kernel_ends_the_job() -> None:
     async def body(ec: ExecuteCode) -> None:
         job = await ec.start("import os\nprint('bye', flush=True)\nos._exit(7)")
