@@ -4,7 +4,9 @@ negotiates 2025-11-25, the revision that defines tasks)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +261,67 @@ async def _never() -> Any:
 
 async def _never_send(message: Any) -> None:
     raise AssertionError("not called")
+
+
+def _jobs_cli(url: str, *args: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "LEMON_EXEC_MCP_TOKEN"}
+    if token is not None:
+        env["LEMON_EXEC_MCP_TOKEN"] = token
+    return subprocess.run(
+        lemon_exec_argv("jobs", "--url", url, *args),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+@pytest.mark.kernel
+@pytest.mark.slow
+async def test_jobs_cli_lists_shows_and_cancels_the_tasks_of_an_http_server(
+    tmp_path: Path,
+) -> None:
+    with http_server(tmp_path) as (server, url):
+        token = server.token
+        assert token is not None
+        async with bearer_client(url, token, mode="legacy") as client:
+            done = await start_task(client, {"script": "text('finished')"})
+            await task_result(client, done.task_id)
+            pid_file = tmp_path / "run.pid"
+            running = await start_task(
+                client, {"script": _waiting_script(pid_file, tmp_path / "never")}
+            )
+            pid = await anyio.to_thread.run_sync(read_pid, pid_file)
+
+            def cli(*args: str, token: str | None = token) -> subprocess.CompletedProcess[str]:
+                return _jobs_cli(url, *args, token=token)
+
+            listed = await anyio.to_thread.run_sync(cli, "list")
+            assert listed.returncode == 0, listed.stderr
+            lines = listed.stdout.splitlines()
+            assert [line.split()[:2] for line in lines] == [
+                [done.task_id, "completed"],
+                [running.task_id, "working"],
+            ]
+            as_json = await anyio.to_thread.run_sync(cli, "--json", "list")
+            assert [t["taskId"] for t in json.loads(as_json.stdout)] == [
+                done.task_id,
+                running.task_id,
+            ]
+            shown = await anyio.to_thread.run_sync(cli, "show", done.task_id)
+            assert shown.returncode == 0 and "Script result (text()):\nfinished" in shown.stdout
+
+            cancelled = await anyio.to_thread.run_sync(cli, "cancel", running.task_id)
+            assert cancelled.returncode == 0, cancelled.stderr
+            assert cancelled.stdout.split()[:2] == [running.task_id, "cancelled"]
+            assert await anyio.to_thread.run_sync(gone, pid)
+            assert (await get_task(client, running.task_id)).status == "cancelled"
+
+            again = await anyio.to_thread.run_sync(cli, "cancel", running.task_id)
+            assert again.returncode == 1 and "already ended" in again.stderr
+            unknown = await anyio.to_thread.run_sync(cli, "show", "no-such-task")
+            assert unknown.returncode == 1 and "no task" in unknown.stderr
+            no_token = await anyio.to_thread.run_sync(lambda: cli("list", token=None))
+            assert no_token.returncode == 2 and "--token" in no_token.stderr
+            wrong = await anyio.to_thread.run_sync(lambda: cli("list", token="w" * 43))
+            assert wrong.returncode == 1 and "cannot talk to" in wrong.stderr
