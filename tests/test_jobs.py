@@ -152,6 +152,20 @@ def test_finished_jobs_expire_by_count_and_by_age() -> None:
     run(body, max_finished_jobs=2)
 
 
+def test_a_finished_job_expires_on_time_without_being_asked() -> None:
+    async def body(ec: ExecuteCode) -> None:
+        first = await ec.start("text('1')")
+        await first.wait(60)
+        second = await ec.start("text('2')")
+        await second.wait(60)
+        # Nobody calls jobs()/job()/start(): the table's timer expires them, in order.
+        assert await await_until(lambda: state(first) == "expired", 30)
+        assert await await_until(lambda: state(second) == "expired", 30)
+        assert first.result is None and second.result is None
+
+    run(body, job_result_ttl_ms=300)
+
+
 def test_session_job_is_the_active_cell_and_calls_queue_behind(tmp_path: Path) -> None:
     gate = tmp_path / "gate"
     scope = SessionScope("s1", "a1", str(tmp_path))

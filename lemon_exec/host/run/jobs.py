@@ -189,6 +189,7 @@ class JobTable:
         self._run = run
         self._jobs: OrderedDict[str, JobRun] = OrderedDict()  # in start order
         self._expired: OrderedDict[str, None] = OrderedDict()
+        self._timer: asyncio.TimerHandle | None = None  # the next expiry that falls due
 
     def start(self, args: CallArgs, owner: Any) -> JobRun:
         """Start ``args`` as a job on the running loop (the caller has bound the runner)."""
@@ -224,6 +225,26 @@ class JobTable:
             result = refusal(f"execute_code: the job failed in the host: {exc}", {})
         job.finish(result)
         self.prune()
+        if self._timer is None:
+            self._arm(asyncio.get_running_loop())
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Time the next expiry, so a result is dropped when due even if nobody asks.
+
+        One timer for the table, for its oldest finished job; each firing prunes and times the
+        next. On the loop only (``call_later`` is not thread-safe): from a job's end and from
+        the timer itself, never from ``prune``, which any thread may call.
+        """
+        ends = [j.finished_at for j in self._jobs.values() if j.finished_at is not None]
+        if not ends or loop.is_closed():
+            self._timer = None
+            return
+        due = min(ends) + self.config.job_result_ttl_ms / 1000
+        self._timer = loop.call_later(max(0.0, due - time.monotonic()), self._expire_due, loop)
+
+    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.prune()
+        self._arm(loop)
 
     def get(self, job_id: str) -> JobRun:
         """The job ``job_id``; ``JobExpiredError`` once expired, ``KeyError`` if unknown."""
