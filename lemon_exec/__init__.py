@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # the public names (``from module import Name as Name``: re-e
     from lemon_exec.config import ExecuteCodeConfig as ExecuteCodeConfig
     from lemon_exec.errors import ConfigError as ConfigError
     from lemon_exec.errors import InterpreterError as InterpreterError
+    from lemon_exec.errors import JobExpiredError as JobExpiredError
     from lemon_exec.errors import KernelError as KernelError
     from lemon_exec.errors import KernelStartError as KernelStartError
     from lemon_exec.errors import LemonExecError as LemonExecError
@@ -27,6 +28,8 @@ if TYPE_CHECKING:  # the public names (``from module import Name as Name``: re-e
     from lemon_exec.errors import ToolFailure as ToolFailure
     from lemon_exec.facade import ExecuteCode as ExecuteCode
     from lemon_exec.images import ImageBlock as ImageBlock
+    from lemon_exec.jobs import Job as Job
+    from lemon_exec.jobs import JobPoll as JobPoll
     from lemon_exec.result import ExecuteCodeResult as ExecuteCodeResult
     from lemon_exec.scope import AbortSignal as AbortSignal
     from lemon_exec.scope import ScriptSource as ScriptSource

@@ -11,6 +11,7 @@ The tree, in one place (modelled on httpx's)::
     │   ├── KernelStartError        the kernel could not be started or did not become ready in 10 s
     │       └── InterpreterError    the interpreter is missing, not executable, or has no ipykernel
     ├── SessionBusyError            the session kernel's queue is full
+    ├── JobExpiredError             a finished job's result is no longer kept
     └── ToolFailure                 a host-side tool failed; the message goes back to the script,
         │                           where the helper raises it as ``ToolError``
         └── ToolDenied              the policy or approval hook said no (counted as rpc_denied)
@@ -49,6 +50,10 @@ class InterpreterError(KernelStartError, ConfigError):
 
 class SessionBusyError(LemonExecError):
     """A session kernel's FIFO queue is full."""
+
+
+class JobExpiredError(LemonExecError):
+    """A finished job's result is no longer kept (job_result_ttl_ms, max_finished_jobs)."""
 
 
 class ToolFailure(LemonExecError):

@@ -33,6 +33,7 @@ from lemon_exec.host.run.calls import (  # noqa: F401  (the refusal texts, re-ex
 from lemon_exec.host.run.diagnostics import Diagnostics
 from lemon_exec.host.run.runner import Runner
 from lemon_exec.host.sessions.owners import detach_when_collected
+from lemon_exec.jobs import Job
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.schema import tool_schema
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
@@ -131,6 +132,46 @@ class ExecuteCode:
         )
         return await self._runner.run(args)
 
+    async def start(
+        self,
+        script: Any,
+        *,
+        timeout_ms: Any = None,
+        reset: Any = False,
+        scope: SessionScope | None = None,
+        on_update: Callable[[str], None] | None = None,
+        on_output: Callable[[str], None] | None = None,
+        source: ScriptSource | None = None,
+    ) -> Job:
+        """Start one script as a background :class:`~lemon_exec.jobs.Job` and return at once.
+
+        The arguments are :meth:`run`'s; the job runs as a call does (the same queues, limits
+        and result), with its own deadline: ``max_job_ms`` (default 1 h), which
+        ``timeout_ms`` may lower. Its ``cancel()`` is its abort. See docs/jobs.md.
+        """
+        args = CallArgs(
+            script,
+            timeout_ms=timeout_ms,
+            reset=reset,
+            scope=scope,
+            on_update=on_update,
+            on_output=on_output,
+            source=source or ScriptSource(),
+        )
+        return Job(self._runner.start(args), self._call_sync)
+
+    def start_sync(self, script: Any, **kwargs: Any) -> Job:
+        """Blocking twin of :meth:`start` (it returns once the job is started)."""
+        return self._call_sync(self.start(script, **kwargs))
+
+    def jobs(self) -> list[Job]:
+        """The jobs started here that have not expired (live and finished), oldest first."""
+        return [Job(run, self._call_sync) for run in self._runner.jobs.list()]
+
+    def job(self, job_id: str) -> Job:
+        """The job ``job_id``: ``JobExpiredError`` once expired, ``KeyError`` if unknown."""
+        return Job(self._runner.jobs.get(job_id), self._call_sync)
+
     async def warm_up(self, cwd: str | os.PathLike[str] | None = None) -> None:
         """Start the fork server and the per-call spares now, so the first call is warm.
 
@@ -145,7 +186,7 @@ class ExecuteCode:
         The owner runs through the same runner as :meth:`run`; dropping the handle (garbage
         collection) detaches it as :meth:`SessionOwner.close` does.
         """
-        owner = SessionOwner(self._runner, scope, self._runner.attach())
+        owner = SessionOwner(self._runner, scope, self._runner.attach(), self._call_sync)
         detach_when_collected(owner, self._runner, owner.owner_id)
         return owner
 

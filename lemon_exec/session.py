@@ -12,6 +12,7 @@ from typing import Any
 
 from lemon_exec.host.run.calls import CallArgs
 from lemon_exec.host.run.runner import Runner
+from lemon_exec.jobs import Job, SyncCall
 from lemon_exec.result import ExecuteCodeResult
 from lemon_exec.scope import AbortSignal, ScriptSource, SessionScope
 
@@ -21,15 +22,20 @@ class SessionOwner:
 
     ``await owner.run(script, ...)`` runs in the owner's kernel (the same arguments as
     :meth:`ExecuteCode.run`, less ``scope``: the owner's own is used); ``await
+    owner.start(script, ...)`` runs it there as a background job (:meth:`ExecuteCode.start`);
+    ``await
     owner.aclose()`` (or ``close()``) detaches: queued calls are removed, an active call is
     aborted and its kernel discarded, and a kernel left without owners stops at once.
     Dropping the handle (garbage collection) detaches it too.
     """
 
-    def __init__(self, runner: Runner, scope: SessionScope, owner_id: int) -> None:
+    def __init__(
+        self, runner: Runner, scope: SessionScope, owner_id: int, call_sync: SyncCall
+    ) -> None:
         self.scope = scope
         self.owner_id = owner_id
         self._runner = runner
+        self._call_sync = call_sync  # the facade's: a job's sync twins run on its loop
         self._closed = False
 
     @property
@@ -59,6 +65,33 @@ class SessionOwner:
             source=source or ScriptSource(),
         )
         return await self._runner.run(args, owner=self)
+
+    async def start(
+        self,
+        script: Any,
+        *,
+        timeout_ms: Any = None,
+        reset: Any = False,
+        on_update: Callable[[str], None] | None = None,
+        on_output: Callable[[str], None] | None = None,
+        source: ScriptSource | None = None,
+    ) -> Job:
+        """Start one script in this owner's session kernel as a background job.
+
+        The arguments are :meth:`run`'s (less ``abort``: the job's ``cancel()`` is its
+        abort); see :meth:`ExecuteCode.start`. Closing the owner while its job runs aborts
+        the job, as it aborts an active call.
+        """
+        args = CallArgs(
+            script,
+            timeout_ms=timeout_ms,
+            reset=reset,
+            scope=self.scope,
+            on_update=on_update,
+            on_output=on_output,
+            source=source or ScriptSource(),
+        )
+        return Job(self._runner.start(args, owner=self), self._call_sync)
 
     async def aclose(self) -> None:
         if not self._closed:

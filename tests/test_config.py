@@ -47,6 +47,9 @@ DEFAULTS = {
     "fork_server": True,
     "max_concurrent_per_call": 0,
     "max_queued_per_call": 64,
+    "max_job_ms": 3_600_000,
+    "job_result_ttl_ms": 3_600_000,
+    "max_finished_jobs": 100,
     "max_spill_bytes": 64 * 2**20,
     "kernel_memory_mb": 0,
     "kernel_max_processes": 0,
@@ -113,11 +116,12 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     assert keys == list(SETTING_KEYS)
     # the spec's 13, max_images, max_image_bytes, max_image_edge, max_parallel_mcp,
     # warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
+    # max_job_ms, job_result_ttl_ms, max_finished_jobs,
     # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files,
     # sandbox, sandbox_cwd, sandbox_hidden, sandbox_visible, sandbox_env_hidden,
     # sandbox_env_allowed, sandbox_network, gateway_url, gateway_auth_token,
     # gateway_kernel_name
-    assert len(keys) == 35
+    assert len(keys) == 38
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -230,6 +234,9 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_IMAGES": "3",
         "LEMON_EXECUTE_CODE_MAX_IMAGE_BYTES": "4096",
         "LEMON_EXECUTE_CODE_MAX_IMAGE_EDGE": "0",
+        "LEMON_EXECUTE_CODE_MAX_JOB_MS": "26",
+        "LEMON_EXECUTE_CODE_JOB_RESULT_TTL_MS": "27",
+        "LEMON_EXECUTE_CODE_MAX_FINISHED_JOBS": "28",
     }
     assert ExecuteCodeConfig.load(environ=environ).to_dict() == {
         "enabled": True,
@@ -253,6 +260,9 @@ def test_every_env_variable_is_read() -> None:
         "fork_server": False,
         "max_concurrent_per_call": 20,
         "max_queued_per_call": 21,
+        "max_job_ms": 26,
+        "job_result_ttl_ms": 27,
+        "max_finished_jobs": 28,
         "max_spill_bytes": 22,
         "kernel_memory_mb": 23,
         "kernel_max_processes": 24,

@@ -76,9 +76,9 @@ FLOORS = (
     ),
     floor(
         "entry",
-        "facade session shell",
+        "facade session jobs shell",
         f"{_HOST_BASE} {_HOST_BELOW_RUN} host.run",
-        "the public ways in: ExecuteCode, SessionOwner, the shell tool",
+        "the public ways in: ExecuteCode, SessionOwner, Job, the shell tool",
     ),
     floor(
         "front",

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 # traceback, so everything else is imported inside main(), where it is caught.
 
 #: Subcommand modules, in the order ``--help`` lists them.
-_SUBCOMMANDS = ("run", "mcp", "kernels", "notebook", "kernelspec")
+_SUBCOMMANDS = ("run", "mcp", "jobs", "kernels", "notebook", "kernelspec")
 
 
 def build_parser() -> argparse.ArgumentParser:

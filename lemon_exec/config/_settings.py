@@ -181,6 +181,22 @@ class ExecuteCodeConfig(Configurable):
         "once. The wait counts against the call's timeout. 0: no queue.",
     ).tag(config=True, convert=coerce_int, clamp=NON_NEGATIVE)
 
+    max_job_ms = IntSetting(
+        3_600_000,
+        help="Wall-clock limit of one job (ExecuteCode.start), in milliseconds, instead of "
+        "timeout_ms; a job's own timeout_ms may lower it (never below 1000 ms).",
+    ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
+
+    job_result_ttl_ms = IntSetting(
+        3_600_000,
+        help="How long a finished job's result is kept, in milliseconds; then it expires.",
+    ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
+
+    max_finished_jobs = IntSetting(
+        100,
+        help="Most finished jobs whose results are kept; the oldest expire first.",
+    ).tag(config=True, convert=coerce_int, clamp=POSITIVE)
+
     max_spill_bytes = IntSetting(
         64 * 2**20,
         help="Most bytes of one run's output saved to its spill file (default 64 MiB); "
@@ -318,6 +334,11 @@ class ExecuteCodeConfig(Configurable):
         in a millisecond; the floor is the same one a call's own ``timeout_ms`` gets.
         """
         return max(self.timeout_ms, MIN_TIMEOUT_MS)
+
+    @property
+    def job_timeout_ms(self) -> int:
+        """A job's wall-clock limit in force: ``max_job_ms``, never below ``MIN_TIMEOUT_MS``."""
+        return max(self.max_job_ms, MIN_TIMEOUT_MS)
 
     @property
     def enabled_helpers(self) -> tuple[str, ...]:

@@ -3,17 +3,27 @@
 Every HTTP request must carry ``Authorization: Bearer <token>``; anything else gets 401
 before the SDK sees it. The token is compared in constant time (:func:`hmac.compare_digest`).
 Lifespan events pass through untouched, so the facade still starts and stops with the app.
+An authenticated request carries its principal (a digest of the token) in the ASGI scope under
+:data:`PRINCIPAL_KEY`: MCP tasks belong to the principal that made them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-__all__ = ["MIN_TOKEN_LENGTH", "BearerAuth", "check_token", "new_token"]
+__all__ = [
+    "MIN_TOKEN_LENGTH",
+    "PRINCIPAL_KEY",
+    "BearerAuth",
+    "check_token",
+    "new_token",
+    "principal",
+]
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -23,6 +33,13 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 #: Shortest token accepted from the user: 16 characters (a generated one has 43).
 MIN_TOKEN_LENGTH = 16
+#: ASGI scope key of an authenticated request's principal (read by ``_tasks``).
+PRINCIPAL_KEY = "lemon_exec.principal"
+
+
+def principal(token: bytes) -> str:
+    """The principal of a token holder: a digest, so the token itself is not kept around."""
+    return "bearer:" + hashlib.sha256(token).hexdigest()[:32]
 
 
 def new_token() -> str:
@@ -51,6 +68,7 @@ class BearerAuth:
     def __init__(self, app: ASGIApp, token: str) -> None:
         self.app = app
         self._expected = check_token(token).encode("ascii")
+        self._principal = principal(self._expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -58,6 +76,7 @@ class BearerAuth:
             return
         presented = _bearer(scope)
         if presented is not None and hmac.compare_digest(presented, self._expected):
+            scope[PRINCIPAL_KEY] = self._principal
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":

@@ -100,6 +100,20 @@ async def detached(coro: Coroutine[Any, Any, T]) -> T:
         raise
 
 
+def code_arguments(arguments: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """``(script, timeout_ms, reset)`` of an execute_code call, as the client sent them.
+
+    The facade validates the values (its refusals are results); only argument names it does
+    not know are refused here (``ToolError``). Strict-mode clients send every parameter: a
+    null ``reset`` stands for "not given".
+    """
+    unknown = sorted(set(arguments) - {"script", "timeout_ms", "reset"})
+    if unknown:
+        raise ToolError(f"execute_code: unknown argument(s): {', '.join(unknown)}")
+    reset = arguments.get("reset")
+    return arguments.get("script"), arguments.get("timeout_ms"), False if reset is None else reset
+
+
 def send_quietly(send: Any, message: str) -> None:
     # A notify() after the call ended has nobody to go to.
     with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):

@@ -31,13 +31,22 @@ import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.tools import Tool
-from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from mcp_types import CallToolResult, TextContent, ToolAnnotations, ToolExecution
+from mcp_types import Tool as MCPTool
 
 from lemon_exec import __version__
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import LemonExecError
 from lemon_exec.facade import ExecuteCode
-from lemon_exec.mcp._calls import code_result, detached, forward_progress, schema_tool, send_quietly
+from lemon_exec.mcp._calls import (
+    code_arguments,
+    code_result,
+    detached,
+    forward_progress,
+    schema_tool,
+    send_quietly,
+)
+from lemon_exec.mcp._tasks import TASK_TOOLS, TaskBook, TasksExtension
 from lemon_exec.mcp._tool_texts import (
     BAD_COMMAND,
     BAD_TIMEOUT,
@@ -79,6 +88,8 @@ class _Lifespan:
     """State of one serving period (the MCP lifespan context)."""
 
     execute_code: ExecuteCode | None
+    #: The MCP tasks made in this period (each is a job of ``execute_code``).
+    tasks: TaskBook
 
 
 class LemonExecServer(MCPServer[_Lifespan]):
@@ -156,6 +167,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                 ),
             )
         )
+        tasks = TasksExtension(scope) if self.offers_execute_code else None
         super().__init__(
             SHELL_SERVER_NAME if only_shell else SERVER_NAME,
             instructions=SHELL_INSTRUCTIONS if only_shell else INSTRUCTIONS,
@@ -163,6 +175,9 @@ class LemonExecServer(MCPServer[_Lifespan]):
             tools=tools,
             lifespan=_lifespan,
             log_level="WARNING",
+            # MCP tasks (2025-11-25): a task-augmented execute_code call runs as a job.
+            extensions=[tasks] if tasks is not None else None,
+            middleware=[tasks.middleware] if tasks is not None else None,
         )
 
     @property
@@ -175,20 +190,23 @@ class LemonExecServer(MCPServer[_Lifespan]):
     @asynccontextmanager
     async def _serving(self) -> AsyncIterator[_Lifespan]:
         facade = self._facade_factory(self.config) if self.offers_execute_code else None
+        tasks = TaskBook(self.config.job_result_ttl_ms)
         with self._lifespans_lock:
             self._open_lifespans += 1
         try:
             if facade is not None:
                 # An agent calls soon after connecting: start the fork server and spares now.
                 await facade.warm_up()
-            yield _Lifespan(facade)
+            yield _Lifespan(facade, tasks)
         finally:
             try:
                 if facade is not None:
                     # Shielded: the lifespan usually ends *because* of a cancellation, and
-                    # this is the step that stops the kernels.
+                    # this is the step that stops the kernels (and ends the jobs of tasks).
                     with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT_S):
                         await facade.aclose()
+                with anyio.CancelScope(shield=True):
+                    await tasks.aclose()
             finally:
                 with self._lifespans_lock:
                     self._open_lifespans -= 1
@@ -198,17 +216,22 @@ class LemonExecServer(MCPServer[_Lifespan]):
                     with anyio.CancelScope(shield=True):
                         await self.shell.aclose()
 
+    async def list_tools(self) -> list[MCPTool]:
+        """The tools; execute_code says it can run as a task (``execution.taskSupport``)."""
+        return [
+            tool.model_copy(update={"execution": ToolExecution(task_support="optional")})
+            if tool.name in TASK_TOOLS
+            else tool
+            for tool in await super().list_tools()
+        ]
+
     # -- tools -------------------------------------------------------------------------------
 
     async def _execute_code(self, arguments: Mapping[str, Any], ctx: Context) -> CallToolResult:
         facade = _lifespan_state(ctx).execute_code
         if facade is None:  # pragma: no cover - the tool is not listed then
             raise ToolError("execute_code is not available on this server.")
-        unknown = sorted(set(arguments) - {"script", "timeout_ms", "reset"})
-        if unknown:
-            raise ToolError(f"execute_code: unknown argument(s): {', '.join(unknown)}")
-        # Strict-mode clients send every parameter: null stands for "not given".
-        reset = arguments.get("reset")
+        script, timeout_ms, reset = code_arguments(arguments)
 
         loop = asyncio.get_running_loop()
         loop_thread = threading.get_ident()
@@ -229,9 +252,9 @@ class LemonExecServer(MCPServer[_Lifespan]):
             try:
                 result = await detached(
                     facade.run(
-                        arguments.get("script"),
-                        timeout_ms=arguments.get("timeout_ms"),
-                        reset=False if reset is None else reset,
+                        script,
+                        timeout_ms=timeout_ms,
+                        reset=reset,
                         scope=self.scope,
                         on_update=on_update,
                     )

@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx2
@@ -143,11 +144,14 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 
 @contextlib.asynccontextmanager
-async def bearer_client(url: str, token: str) -> AsyncIterator[Client]:
-    """The SDK's streamable HTTP client, sending the bearer token on every request."""
+async def bearer_client(url: str, token: str, **options: Any) -> AsyncIterator[Client]:
+    """The SDK's streamable HTTP client, sending the bearer token on every request.
+
+    ``options`` go to ``Client`` (``mode="legacy"`` for the 2025-11-25 handshake, say).
+    """
     async with (
         httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http,
-        Client(streamable_http_client(url, http_client=http)) as client,
+        Client(streamable_http_client(url, http_client=http), **options) as client,
     ):
         yield client
 

@@ -68,6 +68,8 @@ class CellRequest:
     aborts: tuple[AbortSignal, ...] = ()
     on_update: Callable[[str], None] | None = None
     on_output: Callable[[str], None] | None = None  # each chunk of output, as it arrives
+    on_text: Callable[[str], None] | None = None  # each text() block, once accepted
+    on_start: Callable[[], None] | None = None  # called as the script is sent to the kernel
     argv: tuple[str, ...] | None = None
     toolset: ToolSet | None = None  # registered tools beyond the five (code mode)
 
@@ -200,6 +202,7 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
         limits=request.limits,
         send_reply=kernel.send_bridge_reply,
         on_notify=request.on_update,
+        on_text=request.on_text,
         spill_dir=request.spill_dir,
     )
     sink = _CellSink(capture, bridge, request.on_output)
@@ -219,6 +222,8 @@ async def run_cell(kernel: KernelHandle, request: CellRequest, tool_host: ToolHo
             tools=tuple(specs) if specs is not None else None,
         )
     )
+    if request.on_start is not None:
+        request.on_start()
     # A kernel that already broke the protocol (while idle) never runs another cell.
     msg_id = None if kernel.fault else kernel.execute(request.code, metadata, sink)
     if msg_id is None and toolset is not None:

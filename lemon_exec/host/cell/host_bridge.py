@@ -128,6 +128,7 @@ class HostBridge:
         limits: BridgeLimits,
         send_reply: Callable[[dict[str, Any]], None],
         on_notify: Callable[[str], None] | None = None,
+        on_text: Callable[[str], None] | None = None,
         spill_dir: Path | None = None,
         identity: tuple[str, str] | None = None,
     ) -> None:
@@ -142,6 +143,7 @@ class HostBridge:
         self._limits = limits
         self._send_reply = send_reply
         self._on_notify = on_notify
+        self._on_text = on_text  # each accepted text() block, live (a job's poll)
         self._seen_ids: set[int] = set()
         self._notify_seen: set[int] = set()  # notify numbers delivered (1..NOTIFY_MAX_COUNT)
         self._text_next = 1  # the number the next text block must carry
@@ -368,6 +370,8 @@ class HostBridge:
         self._text_next = n + 1
         self.stats.text_bytes += cost
         self.text_blocks.append(text)
+        if self._on_text is not None:
+            self._on_text(text)
         self._reply(protocol.text_reply(n))
 
     def _end_block(self, n: int, error: str) -> None:

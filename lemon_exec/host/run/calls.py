@@ -52,6 +52,11 @@ class CallArgs:
     abort: AbortSignal | None = None
     on_output: Listener | None = None
     source: ScriptSource = field(default_factory=ScriptSource)
+    #: A job (``start``): its deadline is ``max_job_ms`` instead of ``timeout_ms``; the job
+    #: learns its start and its text() blocks through these hooks.
+    job: bool = False
+    on_text: Listener | None = None
+    on_start: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,8 @@ class Call:
     argv: tuple[str, ...] | None = None  # sys.argv in the script; None leaves it alone
     scope: SessionScope | None = None
     reset: bool = False
+    on_text: Listener | None = None  # each accepted text() block, live
+    on_start: Callable[[], None] | None = None  # the script is being sent to its kernel
 
 
 def base_details(mode: str) -> dict[str, Any]:
@@ -106,7 +113,8 @@ def prepare(config: ExecuteCodeConfig, args: CallArgs, entered: float) -> Call |
         return refusal(NAN_TIMEOUT, details)
     if args.abort is not None and args.abort.is_set():
         return refusal(ALREADY_ABORTED, details)
-    effective_ms = clamp_timeout(timeout_ms, config.run_timeout_ms)
+    ceiling = config.job_timeout_ms if args.job else config.run_timeout_ms
+    effective_ms = clamp_timeout(timeout_ms, ceiling)
     cwd = working_dir(args.scope)
     if isinstance(cwd, str):
         return refusal(cwd, details)
@@ -131,6 +139,8 @@ def prepare(config: ExecuteCodeConfig, args: CallArgs, entered: float) -> Call |
         argv=args.source.argv_tuple(),
         scope=args.scope,
         reset=args.reset,
+        on_text=args.on_text,
+        on_start=args.on_start,
     )
 
 

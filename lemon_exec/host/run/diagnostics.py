@@ -164,6 +164,12 @@ class Diagnostics:
         return host.per_call.admission.running if host is not None else 0
 
     @property
+    def per_call_waiting(self) -> int:
+        """Per-call runs waiting in the admission queue for a slot."""
+        host = self._host
+        return host.per_call.admission.waiting if host is not None else 0
+
+    @property
     def per_call_limit(self) -> int:
         """How many per-call runs may hold a slot at once (``max_concurrent_per_call``)."""
         host = self._host

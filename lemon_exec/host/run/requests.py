@@ -43,6 +43,8 @@ class CellRequests:
         filename: str = "script.py",
         on_output: Callable[[str], None] | None = None,
         argv: tuple[str, ...] | None = None,
+        on_text: Callable[[str], None] | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> CellRequest:
         return CellRequest(
             code=script,
@@ -60,6 +62,8 @@ class CellRequests:
             on_update=on_update,
             on_output=on_output,
             argv=argv,
+            on_text=on_text,
+            on_start=on_start,
         )
 
     def for_call(self, call: Call, *, chdir: bool, cwd: Path | None = None) -> CellRequest:
@@ -74,4 +78,6 @@ class CellRequests:
             filename=call.filename,
             on_output=call.on_output,
             argv=call.argv,
+            on_text=call.on_text,
+            on_start=call.on_start,
         )

@@ -28,6 +28,7 @@ from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.kernels.engine import Engine
 from lemon_exec.host.run.calls import Call, CallArgs, base_details, prepare
 from lemon_exec.host.run.in_session import SessionRuns
+from lemon_exec.host.run.jobs import JobRun, JobTable
 from lemon_exec.host.run.per_call import PerCallRuns, workspace_refused
 from lemon_exec.host.run.requests import CellRequests
 from lemon_exec.host.run.results import refusal
@@ -105,6 +106,8 @@ class Runner:
         self.host: Host | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closed = False
+        #: Calls run as background jobs (``start``): through :meth:`run`, like any call.
+        self.jobs = JobTable(config, self.run)
 
     def bind(self) -> Host:
         """The host, made on first use; bound to the running loop.
@@ -144,6 +147,19 @@ class Runner:
         if self.config.mode == "session":
             return await host.sessions.run(call, owner.owner_id if owner is not None else None)
         return await host.per_call.run(call)
+
+    def start(self, args: CallArgs, owner: Owner | None = None) -> JobRun:
+        """Start one call as a job: :meth:`run` in a task of its own (see ``jobs.py``).
+
+        Raises ``RuntimeError`` as :meth:`bind` does (closed, or another event loop).
+        """
+        loop = asyncio.get_running_loop()
+        if self.closed:
+            raise RuntimeError(FACADE_CLOSED)
+        if self.loop is not None and self.loop is not loop:
+            raise RuntimeError(OTHER_LOOP)
+        self.loop = loop
+        return self.jobs.start(args, owner)
 
     async def warm_up(self, cwd: str | os.PathLike[str] | None) -> None:
         """Start the fork server, per-call spares and MCP connections (see the facade)."""
@@ -196,11 +212,17 @@ class Runner:
         return counts
 
     async def aclose(self) -> None:
-        """Stop every kernel, remove the private files, stop the tool workers."""
+        """Cancel the jobs, stop every kernel, remove the private files, stop the tool workers.
+
+        Each live job ends through its abort (partial output in its result) before the host
+        closes; finished jobs stay readable until they expire.
+        """
         self.closed = True
+        await self.jobs.aclose()
         if self.host is not None:
             host, self.host = self.host, None
             await host.aclose()
+        await self.jobs.settle()
         await self.tool_host.aclose()  # its grep/find worker processes
 
 
