@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -100,6 +100,7 @@ class ShellSession:
         timeout: float | None = None,
         *,
         cancel_event: threading.Event | None = None,
+        on_start: Callable[[], None] | None = None,
     ) -> CommandResult:
         """Run ``command`` with ``/bin/bash -c`` in the session's working directory.
 
@@ -107,7 +108,8 @@ class ShellSession:
         and a larger value is lowered to it; zero or a negative value runs nothing and returns
         ``exit_code`` -1 with the reason in stderr. Setting ``cancel_event`` (from another
         thread) kills the command's process tree; the result then has ``exit_code`` -1.
-        Blocks while another call of this session is running.
+        Blocks while another call of this session is running; ``on_start`` is called (in
+        this thread) once the command has the session and is about to run.
         """
         _check_command(command)
         try:
@@ -118,6 +120,8 @@ class ShellSession:
         if not self._acquire(cancel_event):
             return make_result(stderr=_NOT_STARTED_NOTE, exit_code=-1)
         try:
+            if on_start is not None:
+                on_start()
             return self._run_locked(command, seconds, limit, cancel_event)
         finally:
             self._lock.release()
@@ -145,16 +149,27 @@ class ShellSession:
         """Async ``close``, run in a worker thread."""
         await asyncio.to_thread(self.close)
 
-    async def aexecute_command(self, command: str, timeout: float | None = None) -> CommandResult:
+    async def aexecute_command(
+        self,
+        command: str,
+        timeout: float | None = None,
+        *,
+        cancel_event: threading.Event | None = None,
+        on_start: Callable[[], None] | None = None,
+    ) -> CommandResult:
         """Async ``execute_command``, run in a worker thread.
 
         If the awaiting task is cancelled, the command's process group is killed, and the
         cancellation propagates only once the worker has finished, so nothing is left running.
+        Setting ``cancel_event`` stops it the same way but returns the command's result
+        (``exit_code`` -1, the output so far); ``on_start`` is as for ``execute_command``.
         """
         _check_command(command)
-        cancel = threading.Event()
+        cancel = threading.Event() if cancel_event is None else cancel_event
         worker = asyncio.ensure_future(
-            asyncio.to_thread(self.execute_command, command, timeout, cancel_event=cancel)
+            asyncio.to_thread(
+                self.execute_command, command, timeout, cancel_event=cancel, on_start=on_start
+            )
         )
         try:
             # shield: a cancel must reach us here without abandoning the worker thread.

@@ -521,6 +521,37 @@ def test_async_cancellation_kills_the_process_group(
 
 
 @pytest.mark.timeout(10)
+def test_async_cancel_event_returns_the_result_and_on_start_marks_the_start(
+    session: ShellSession, tmp_path: Path, reap_pids: list[int]
+) -> None:
+    pid_file = tmp_path / "job.pid"
+    started: list[str] = []
+
+    async def main() -> CommandResult:
+        cancel = threading.Event()
+        task = asyncio.create_task(
+            session.aexecute_command(
+                f"echo before; sleep 30 & echo $! > {q(pid_file)}; wait",
+                timeout=20,
+                cancel_event=cancel,
+                on_start=lambda: started.append(session.cwd),
+            )
+        )
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            await asyncio.sleep(0.02)
+        cancel.set()
+        return await task  # a result, not a cancellation
+
+    result = asyncio.run(main())
+    pid = read_pid(pid_file)
+    reap_pids.append(pid)
+    assert started == [session.start_dir]
+    assert result["exit_code"] == -1 and result["stdout"] == "before\n"
+    assert "process tree was killed" in result["stderr"]
+    assert wait_until(lambda: not pid_alive(pid), 0.5), "cancelled job left running"
+
+
+@pytest.mark.timeout(10)
 def test_sync_cancel_event_kills_the_command(session: ShellSession) -> None:
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()

@@ -10,7 +10,8 @@ bounded buffer that :meth:`JobRun.poll` reads from a cursor; the call's ``on_sta
 (sent to the kernel) turns it from ``queued`` to ``running``. :meth:`JobRun.cancel` sets the
 abort the call was given, so a queued job leaves its queue and a running one is interrupted,
 exactly as an aborted call. A finished job keeps its result for ``job_result_ttl_ms`` and
-among the newest ``max_finished_jobs``, then expires: its result is dropped.
+among the newest ``max_finished_jobs``, then expires: its result is dropped
+(:mod:`~lemon_exec.host.run.retention`, the rules the MCP server's shell tasks share).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -29,6 +30,7 @@ from lemon_exec.details import outcome_of
 from lemon_exec.errors import JobExpiredError
 from lemon_exec.host.run.calls import CallArgs, Listener, base_details
 from lemon_exec.host.run.results import refusal
+from lemon_exec.host.run.retention import Retention
 from lemon_exec.result import ExecuteCodeResult
 
 log = logging.getLogger(__name__)
@@ -44,16 +46,8 @@ _STATE_OF_OUTCOME: dict[str, JobState] = {
 CANCELLED_BEFORE_START = (
     "Script cancelled.\n\nThe job was cancelled before it started; nothing ran."
 )
-EXPIRED = (
-    "execute_code: job {id} has expired: a finished job's result is kept for "
-    "job_result_ttl_ms ({ttl} ms) and among the newest max_finished_jobs ({n}) finished jobs, "
-    "then dropped."
-)
-UNKNOWN = "execute_code: no job {id} (never started here, or expired long ago)"
 #: How long host shutdown waits for cancelled jobs to end before it stops their kernels.
 CANCEL_GRACE_S = 10.0
-#: How many expired job ids are remembered, to answer "expired" rather than "unknown".
-_EXPIRED_IDS = 1024
 
 RunCall = Callable[[CallArgs, Any], Awaitable[ExecuteCodeResult]]
 Event = tuple[int, str, str]  # (sequence number, kind: output | notify | text, text)
@@ -187,13 +181,10 @@ class JobTable:
     def __init__(self, config: ExecuteCodeConfig, run: RunCall) -> None:
         self.config = config
         self._run = run
-        self._jobs: OrderedDict[str, JobRun] = OrderedDict()  # in start order
-        self._expired: OrderedDict[str, None] = OrderedDict()
-        self._timer: asyncio.TimerHandle | None = None  # the next expiry that falls due
+        self._jobs: Retention[JobRun] = Retention(config, "execute_code", "job")
 
     def start(self, args: CallArgs, owner: Any) -> JobRun:
         """Start ``args`` as a job on the running loop (the caller has bound the runner)."""
-        self.prune()
         job = JobRun(secrets.token_urlsafe(12), self.config.max_output_bytes)
         job_args = replace(
             args,
@@ -204,7 +195,7 @@ class JobTable:
             on_text=job.tee("text", None),
             on_start=job.started,
         )
-        self._jobs[job.id] = job
+        self._jobs.add(job)
         job.task = asyncio.get_running_loop().create_task(
             self._drive(job, job_args, owner), name=f"lemon-exec-job-{job.id}"
         )
@@ -224,75 +215,33 @@ class JobTable:
             log.exception("execute_code: job %s failed in the host", job.id)
             result = refusal(f"execute_code: the job failed in the host: {exc}", {})
         job.finish(result)
-        self.prune()
-        if self._timer is None:
-            self._arm(asyncio.get_running_loop())
-
-    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Time the next expiry, so a result is dropped when due even if nobody asks.
-
-        One timer for the table, for its oldest finished job; each firing prunes and times the
-        next. On the loop only (``call_later`` is not thread-safe): from a job's end and from
-        the timer itself, never from ``prune``, which any thread may call.
-        """
-        ends = [j.finished_at for j in self._jobs.values() if j.finished_at is not None]
-        if not ends or loop.is_closed():
-            self._timer = None
-            return
-        due = min(ends) + self.config.job_result_ttl_ms / 1000
-        self._timer = loop.call_later(max(0.0, due - time.monotonic()), self._expire_due, loop)
-
-    def _expire_due(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.prune()
-        self._arm(loop)
+        self._jobs.ended()  # expires what is due, and times the next expiry
 
     def get(self, job_id: str) -> JobRun:
         """The job ``job_id``; ``JobExpiredError`` once expired, ``KeyError`` if unknown."""
-        self.prune()
-        job = self._jobs.get(job_id)
-        if job is not None:
-            return job
-        if job_id in self._expired:
-            raise JobExpiredError(
-                EXPIRED.format(
-                    id=job_id, ttl=self.config.job_result_ttl_ms, n=self.config.max_finished_jobs
-                )
-            )
-        raise KeyError(UNKNOWN.format(id=job_id))
+        return self._jobs.get(job_id)
 
     def list(self) -> list[JobRun]:
         """Live jobs and finished ones not yet expired, in start order."""
-        self.prune()
-        return list(self._jobs.values())
+        return self._jobs.list()
 
     def prune(self) -> None:
         """Expire finished jobs past ``job_result_ttl_ms`` or beyond ``max_finished_jobs``."""
-        finished = sorted(
-            (j for j in self._jobs.values() if j.finished_at is not None),
-            key=lambda j: j.finished_at or 0.0,
-        )
-        ttl_s = self.config.job_result_ttl_ms / 1000
-        now = time.monotonic()
-        excess = len(finished) - self.config.max_finished_jobs
-        for i, job in enumerate(finished):
-            if i < excess or now - (job.finished_at or now) >= ttl_s:
-                del self._jobs[job.id]
-                job.expire()
-                self._expired[job.id] = None
-                while len(self._expired) > _EXPIRED_IDS:
-                    self._expired.popitem(last=False)
+        self._jobs.prune()
 
     async def aclose(self) -> None:
         """Cancel every live job and wait (bounded) for each to end through its abort path."""
-        tasks = [j.task for j in self._jobs.values() if j.task is not None and not j.done]
-        for job in self._jobs.values():
+        jobs = self._jobs.list()
+        tasks = [j.task for j in jobs if j.task is not None and not j.done]
+        for job in jobs:
             job.abort.set()
         if tasks:
             await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
 
     async def settle(self) -> None:
         """After the host is closed: the jobs still running end now (their kernels are gone)."""
-        tasks = [j.task for j in self._jobs.values() if j.task is not None and not j.task.done()]
+        jobs = self._jobs.list()
+        tasks = [j.task for j in jobs if j.task is not None and not j.task.done()]
         if tasks:
             await asyncio.wait(tasks, timeout=CANCEL_GRACE_S)
         late = [task for task in tasks if not task.done()]
