@@ -25,7 +25,9 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, ContentBlock, TextContent, ToolAnnotations
 
 from lemon_exec.mcp._images import image_content, image_metadata
+from lemon_exec.mcp._tool_texts import BAD_COMMAND, BAD_TIMEOUT
 from lemon_exec.result import ExecuteCodeResult
+from lemon_exec.shell import CommandResult
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,29 @@ def code_arguments(arguments: Mapping[str, Any]) -> tuple[Any, Any, Any]:
         raise ToolError(f"execute_code: unknown argument(s): {', '.join(unknown)}")
     reset = arguments.get("reset")
     return arguments.get("script"), arguments.get("timeout_ms"), False if reset is None else reset
+
+
+def command_arguments(arguments: Mapping[str, Any]) -> tuple[str, float | None]:
+    """``(command, timeout)`` of an execute_command call; ``ToolError`` for a bad argument."""
+    unknown = sorted(set(arguments) - {"command", "timeout"})
+    if unknown:
+        raise ToolError(f"execute_command: unknown argument(s): {', '.join(unknown)}")
+    command = arguments.get("command")
+    timeout = arguments.get("timeout")
+    if not isinstance(command, str):
+        raise ToolError(BAD_COMMAND)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)):
+        raise ToolError(BAD_TIMEOUT)
+    return command, timeout
+
+
+def command_result(outcome: CommandResult) -> CallToolResult:
+    """The MCP form of an execute_command result: its JSON as text and as structured content."""
+    payload = dict(outcome)
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
+        structured_content=payload,
+    )
 
 
 def send_quietly(send: Any, message: str) -> None:

@@ -16,7 +16,6 @@ Design notes (see docs/mcp.md for the user-facing page):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import os
@@ -41,15 +40,18 @@ from lemon_exec.facade import ExecuteCode
 from lemon_exec.mcp._calls import (
     code_arguments,
     code_result,
+    command_arguments,
+    command_result,
     detached,
     forward_progress,
     schema_tool,
     send_quietly,
 )
+from lemon_exec.mcp._code_tasks import CodeTasks
+from lemon_exec.mcp._shell_tasks import ShellTasks
+from lemon_exec.mcp._task_source import TaskSource
 from lemon_exec.mcp._tasks import TASK_TOOLS, TaskBook, TasksExtension
 from lemon_exec.mcp._tool_texts import (
-    BAD_COMMAND,
-    BAD_TIMEOUT,
     EXECUTE_CODE_OUTPUT_SCHEMA,
     EXECUTE_COMMAND_SCHEMA,
     INSTRUCTIONS,
@@ -88,7 +90,7 @@ class _Lifespan:
     """State of one serving period (the MCP lifespan context)."""
 
     execute_code: ExecuteCode | None
-    #: The MCP tasks made in this period (each is a job of ``execute_code``).
+    #: The MCP tasks made in this period (execute_code jobs, execute_command tasks).
     tasks: TaskBook
 
 
@@ -167,7 +169,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                 ),
             )
         )
-        tasks = TasksExtension(scope) if self.offers_execute_code else None
+        tasks = TasksExtension()
         super().__init__(
             SHELL_SERVER_NAME if only_shell else SERVER_NAME,
             instructions=SHELL_INSTRUCTIONS if only_shell else INSTRUCTIONS,
@@ -175,9 +177,9 @@ class LemonExecServer(MCPServer[_Lifespan]):
             tools=tools,
             lifespan=_lifespan,
             log_level="WARNING",
-            # MCP tasks (2025-11-25): a task-augmented execute_code call runs as a job.
-            extensions=[tasks] if tasks is not None else None,
-            middleware=[tasks.middleware] if tasks is not None else None,
+            # MCP tasks (2025-11-25): a task-augmented call runs in the background.
+            extensions=[tasks],
+            middleware=[tasks.middleware],
         )
 
     @property
@@ -190,7 +192,10 @@ class LemonExecServer(MCPServer[_Lifespan]):
     @asynccontextmanager
     async def _serving(self) -> AsyncIterator[_Lifespan]:
         facade = self._facade_factory(self.config) if self.offers_execute_code else None
-        tasks = TaskBook(self.config.job_result_ttl_ms)
+        sources: list[TaskSource] = [ShellTasks(self.shell, self.config)]
+        if facade is not None:
+            sources.append(CodeTasks(facade, self.scope))
+        tasks = TaskBook(self.config.job_result_ttl_ms, sources)
         with self._lifespans_lock:
             self._open_lifespans += 1
         try:
@@ -206,7 +211,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                     with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_TIMEOUT_S):
                         await facade.aclose()
                 with anyio.CancelScope(shield=True):
-                    await tasks.aclose()
+                    await tasks.aclose()  # stops the shell tasks still running
             finally:
                 with self._lifespans_lock:
                     self._open_lifespans -= 1
@@ -217,7 +222,7 @@ class LemonExecServer(MCPServer[_Lifespan]):
                         await self.shell.aclose()
 
     async def list_tools(self) -> list[MCPTool]:
-        """The tools; execute_code says it can run as a task (``execution.taskSupport``)."""
+        """The tools; the task tools say so (``execution.taskSupport: optional``)."""
         return [
             tool.model_copy(update={"execution": ToolExecution(task_support="optional")})
             if tool.name in TASK_TOOLS
@@ -274,23 +279,8 @@ class LemonExecServer(MCPServer[_Lifespan]):
         return code_result(result)
 
     async def _execute_command(self, arguments: Mapping[str, Any], ctx: Context) -> CallToolResult:
-        unknown = sorted(set(arguments) - {"command", "timeout"})
-        if unknown:
-            raise ToolError(f"execute_command: unknown argument(s): {', '.join(unknown)}")
-        command = arguments.get("command")
-        timeout = arguments.get("timeout")
-        if not isinstance(command, str):
-            raise ToolError(BAD_COMMAND)
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float)
-        ):
-            raise ToolError(BAD_TIMEOUT)
-        outcome = await detached(self.shell.aexecute_command(command, timeout))
-        payload = dict(outcome)
-        return CallToolResult(
-            content=[TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))],
-            structured_content=payload,
-        )
+        command, timeout = command_arguments(arguments)
+        return command_result(await detached(self.shell.aexecute_command(command, timeout)))
 
     async def _restart_session(self, arguments: Mapping[str, Any], ctx: Context) -> CallToolResult:
         if arguments:

@@ -1,10 +1,12 @@
-"""MCP tasks (protocol revision 2025-11-25) for ``execute_code``: a call that returns at once.
+"""MCP tasks (protocol revision 2025-11-25): a tool call that returns at once.
 
-A ``tools/call`` for execute_code that carries ``task`` starts the script as a job
-(:meth:`ExecuteCode.start`, the facade's one way to run a call in the background) and answers
-``CreateTaskResult``; the task id is the job id. ``tasks/get``, ``tasks/result``,
-``tasks/cancel`` and ``tasks/list`` read and stop the job; each task's ``notify()`` messages go
-on as ``notifications/progress`` under the call's progress token, and its end is announced
+A ``tools/call`` that carries ``task`` is handed to the :class:`TaskSource` of its tool, which
+starts the work in the background and gives a :class:`TaskJob`; the answer is
+``CreateTaskResult`` with the job's id as the task id. Two sources: execute_code's jobs
+(:mod:`~lemon_exec.mcp._code_tasks`, :meth:`ExecuteCode.start`) and execute_command's shell
+tasks (:mod:`~lemon_exec.mcp._shell_tasks`). ``tasks/get``, ``tasks/result``, ``tasks/cancel``
+and ``tasks/list`` read and stop the job, whatever its source; a task's ``notify()`` messages
+go on as ``notifications/progress`` under the call's progress token, and its end is announced
 with ``notifications/tasks/status``. A call without ``task`` runs as it always did (blocking).
 
 Tasks exist only in the 2025-11-25 revision: on another revision the methods are unknown and
@@ -21,7 +23,6 @@ gets "no such task", as for an unknown id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 from collections.abc import Sequence
@@ -33,11 +34,9 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.extension import Extension, MethodBinding
-from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.session import ServerSession
 from mcp.shared.exceptions import MCPError
 from mcp_types import (
-    INTERNAL_ERROR,
     INVALID_PARAMS,
     CallToolRequestParams,
     CancelTaskRequestParams,
@@ -58,18 +57,18 @@ from mcp_types import (
 )
 from pydantic import ValidationError
 
-from lemon_exec.errors import JobExpiredError, LemonExecError
-from lemon_exec.facade import ExecuteCode
-from lemon_exec.jobs import Job
+from lemon_exec.errors import JobExpiredError
 from lemon_exec.mcp._auth import PRINCIPAL_KEY
-from lemon_exec.mcp._calls import code_arguments, code_result, send_quietly
-from lemon_exec.scope import SessionScope
+from lemon_exec.mcp._calls import send_quietly
+from lemon_exec.mcp._task_source import TaskJob, TaskSource
 
 __all__ = [
     "PRINCIPAL_KEY",
     "RELATED_TASK",
     "TASKS_VERSION",
     "TaskBook",
+    "TaskJob",
+    "TaskSource",
     "TasksExtension",
 ]
 
@@ -84,7 +83,7 @@ LOCAL_PRINCIPAL = "local"
 #: The principal of an HTTP client of a server run with ``--no-auth``.
 ANONYMOUS = "anonymous"
 #: The tools that accept a task (``Tool.execution.taskSupport: optional``).
-TASK_TOOLS = frozenset({"execute_code"})
+TASK_TOOLS = frozenset({"execute_code", "execute_command"})
 #: Suggested ``tasks/get`` interval.
 POLL_INTERVAL_MS = 1000
 #: Tasks per ``tasks/list`` page.
@@ -105,9 +104,6 @@ class Serving(Protocol):
     """What a serving period (the lifespan state) offers the tasks."""
 
     @property
-    def execute_code(self) -> ExecuteCode | None: ...
-
-    @property
     def tasks(self) -> TaskBook: ...
 
 
@@ -115,7 +111,7 @@ class Serving(Protocol):
 class TaskRecord:
     """One MCP task: its job, whose it is, where its notifications go."""
 
-    job: Job
+    job: TaskJob
     principal: str
     session: ServerSession
     progress_token: ProgressToken | None
@@ -140,58 +136,59 @@ class TaskRecord:
         }
 
     def _message(self) -> str:
-        result = self.job.result
-        if result is None:
-            return self.job.state  # queued, running (or expired)
-        headline = result.content.strip().split("\n", 1)[0]
+        headline = self.job.headline()  # '' while queued or running (or once expired)
         return f"{self.job.state}: {headline}" if headline else self.job.state
 
 
 class TaskBook:
-    """The MCP tasks of one serving period (one facade), by task id."""
+    """The MCP tasks of one serving period, by task id, and the sources they come from."""
 
-    def __init__(self, ttl_ms: int) -> None:
+    def __init__(self, ttl_ms: int, sources: Sequence[TaskSource]) -> None:
         #: A finished job's result is kept this long after it ended (``job_result_ttl_ms``).
         self.ttl_ms = ttl_ms
-        self._records: dict[str, TaskRecord] = {}
+        self._sources = {tool: source for source in sources for tool in source.tools}
+        self._records: dict[str, tuple[TaskSource, TaskRecord]] = {}
 
-    def add(self, record: TaskRecord) -> None:
-        self._records[record.job.id] = record
+    def source_for(self, tool: str) -> TaskSource | None:
+        """Where a task of ``tool`` comes from; None when the tool runs no tasks here."""
+        return self._sources.get(tool)
 
-    def find(self, facade: ExecuteCode, task_id: str, principal: str) -> TaskRecord:
+    def add(self, source: TaskSource, record: TaskRecord) -> None:
+        self._records[record.job.id] = (source, record)
+
+    def find(self, task_id: str, principal: str) -> TaskRecord:
         """The task ``task_id`` of ``principal``; ``MCPError`` (invalid params) otherwise."""
-        record = self._records.get(task_id)
-        if record is None or record.principal != principal:
+        source, record = self._records.get(task_id, (None, None))
+        if source is None or record is None or record.principal != principal:
             raise MCPError(code=INVALID_PARAMS, message=f"no task {task_id!r}")
         try:
-            facade.job(task_id)  # expires what is due (job_result_ttl_ms, max_finished_jobs)
+            source.get(task_id)  # expires what is due (job_result_ttl_ms, max_finished_jobs)
         except (JobExpiredError, KeyError) as exc:
             del self._records[task_id]
             raise MCPError(code=INVALID_PARAMS, message=str(exc).strip("'\"")) from None
         return record
 
-    def owned(self, facade: ExecuteCode, principal: str) -> list[TaskRecord]:
+    def owned(self, principal: str) -> list[TaskRecord]:
         """The tasks of ``principal`` that have not expired, oldest first."""
-        kept = {job.id for job in facade.jobs()}
+        kept = {job.id for source in set(self._sources.values()) for job in source.list()}
         for task_id in [t for t in self._records if t not in kept]:
             del self._records[task_id]
-        return [r for r in self._records.values() if r.principal == principal]
+        return [r for _, r in self._records.values() if r.principal == principal]
 
     async def aclose(self) -> None:
-        """Stop the notification watchers (the serving period is over)."""
-        watchers = [r.watcher for r in self._records.values() if r.watcher is not None]
+        """Stop what still runs, then the notification watchers (the serving period is over)."""
+        for source in set(self._sources.values()):
+            await source.aclose()
+        watchers = [r.watcher for _, r in self._records.values() if r.watcher is not None]
         for watcher in watchers:
             watcher.cancel()
         await asyncio.gather(*watchers, return_exceptions=True)
 
 
 class TasksExtension(Extension):
-    """Serves the ``tasks/*`` methods and takes task-augmented execute_code calls."""
+    """Serves the ``tasks/*`` methods and takes task-augmented calls of the task tools."""
 
     identifier = _IDENTIFIER
-
-    def __init__(self, scope: SessionScope) -> None:
-        self.scope = scope
 
     def methods(self) -> Sequence[MethodBinding]:
         versions = frozenset({TASKS_VERSION})
@@ -205,7 +202,7 @@ class TasksExtension(Extension):
     async def middleware(
         self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
     ) -> HandlerResult:
-        """Server middleware: takes task-augmented execute_code calls, declares ``tasks``.
+        """Server middleware: takes task-augmented tool calls, declares ``tasks``.
 
         A middleware rather than the extension's ``tools/call`` interceptor because the SDK
         checks a ``tools/call`` handler's result against ``CallToolResult``, which a
@@ -224,26 +221,14 @@ class TasksExtension(Extension):
     async def _start(
         self, ctx: ServerRequestContext[Any, Any], params: CallToolRequestParams
     ) -> CreateTaskResult:
-        """Start the call as a job and answer with its task."""
-        serving = _serving(ctx)
-        facade = serving.execute_code
-        assert facade is not None  # _task_call checked
-        try:
-            script, timeout_ms, reset = code_arguments(params.arguments or {})
-        except ToolError as exc:
-            raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
+        """Start the call as a task of its tool's source and answer with the task."""
+        book = _serving(ctx).tasks
+        source = book.source_for(params.name)
+        assert source is not None  # _task_call checked
         send, receive = anyio.create_memory_object_stream[str](math.inf)
-        try:
-            job = await facade.start(
-                script,
-                timeout_ms=timeout_ms,
-                reset=reset,
-                scope=self.scope,
-                on_update=lambda message: send_quietly(send, message),
-            )
-        except LemonExecError as exc:
-            log.warning("execute_code task not started", exc_info=exc)
-            raise MCPError(code=INTERNAL_ERROR, message=str(exc)) from exc
+        job = await source.start(
+            params.arguments or {}, lambda message: send_quietly(send, message)
+        )
         now = _now()
         meta = params.meta or {}
         record = TaskRecord(
@@ -254,11 +239,11 @@ class TasksExtension(Extension):
             created_at=now,
             updated_at=now,
         )
-        serving.tasks.add(record)
+        book.add(source, record)
         record.watcher = asyncio.get_running_loop().create_task(
-            _watch(record, send, receive, serving.tasks.ttl_ms), name=f"lemon-exec-task-{job.id}"
+            _watch(record, send, receive, book.ttl_ms), name=f"lemon-exec-task-{job.id}"
         )
-        return CreateTaskResult(task=Task(**record.task(serving.tasks.ttl_ms)))
+        return CreateTaskResult(task=Task(**record.task(book.ttl_ms)))
 
     async def _get(
         self, ctx: ServerRequestContext[Any, Any], params: GetTaskRequestParams
@@ -271,10 +256,9 @@ class TasksExtension(Extension):
     ) -> HandlerResult:
         _, record = _find(ctx, params.task_id)
         try:
-            result = await record.job.wait()  # blocks until the task ends, as the spec asks
+            payload = await record.job.payload()  # blocks until the task ends, as the spec asks
         except JobExpiredError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
-        payload = code_result(result)
         return payload.model_copy(update={"meta": {RELATED_TASK: {"taskId": record.job.id}}})
 
     async def _cancel(
@@ -287,17 +271,15 @@ class TasksExtension(Extension):
                 message=f"task {params.task_id!r} has already ended ({record.status}); "
                 "only a working task can be cancelled",
             )
-        await record.job.cancel()  # a queued job leaves its queue, a running one is stopped
+        await record.job.cancel()  # a queued one leaves its queue, a running one is stopped
         record.updated_at = _now()
         return CancelTaskResult(**record.task(book.ttl_ms))
 
     async def _list(
         self, ctx: ServerRequestContext[Any, Any], params: PaginatedRequestParams
     ) -> ListTasksResult:
-        serving = _serving(ctx)
-        if serving.execute_code is None:  # pragma: no cover - not bound without execute_code
-            return ListTasksResult(tasks=[])
-        records = serving.tasks.owned(serving.execute_code, principal_of(ctx))
+        book = _serving(ctx).tasks
+        records = book.owned(principal_of(ctx))
         try:
             start = int(params.cursor or 0)
         except ValueError:
@@ -305,7 +287,7 @@ class TasksExtension(Extension):
         page = records[start : start + PAGE_SIZE]
         after = start + PAGE_SIZE
         return ListTasksResult(
-            tasks=[Task(**r.task(serving.tasks.ttl_ms)) for r in page],
+            tasks=[Task(**r.task(book.ttl_ms)) for r in page],
             next_cursor=str(after) if after < len(records) else None,
         )
 
@@ -318,13 +300,11 @@ def _task_call(ctx: ServerRequestContext[Any, Any]) -> CallToolRequestParams | N
     """
     if ctx.protocol_version != TASKS_VERSION or ctx.session.client_params is None:
         return None
-    if _serving(ctx).execute_code is None:
-        return None
     try:
         params = CallToolRequestParams.model_validate(ctx.params or {}, by_name=False)
     except ValidationError:
         return None
-    if params.task is None or params.name not in TASK_TOOLS:
+    if params.task is None or _serving(ctx).tasks.source_for(params.name) is None:
         return None
     return params
 
@@ -366,8 +346,7 @@ async def _watch(
     """Forward the task's notify() messages as progress, then announce how it ended."""
     forward = asyncio.ensure_future(_forward_progress(record, receive))
     try:
-        with contextlib.suppress(JobExpiredError):
-            await record.job.wait()
+        await record.job.wait()
     finally:
         send.close()  # the forwarder ends once it has sent what is queued
     await forward
@@ -413,10 +392,8 @@ def _serving(ctx: ServerRequestContext[Any, Any]) -> Serving:
 
 
 def _find(ctx: ServerRequestContext[Any, Any], task_id: str) -> tuple[TaskBook, TaskRecord]:
-    serving = _serving(ctx)
-    if serving.execute_code is None:  # pragma: no cover - not bound without execute_code
-        raise MCPError(code=INVALID_PARAMS, message=f"no task {task_id!r}")
-    return serving.tasks, serving.tasks.find(serving.execute_code, task_id, principal_of(ctx))
+    book = _serving(ctx).tasks
+    return book, book.find(task_id, principal_of(ctx))
 
 
 def _now() -> str:

@@ -68,13 +68,17 @@ class StatusWatch(ClientExtension):
 
 
 async def start_task(
-    client: Client, arguments: dict[str, Any], *, progress_token: str | None = None
+    client: Client,
+    arguments: dict[str, Any],
+    *,
+    progress_token: str | None = None,
+    tool: str = "execute_code",
 ) -> Task:
-    """A task-augmented ``tools/call`` of execute_code; the created task."""
+    """A task-augmented ``tools/call`` of ``tool``; the created task."""
     meta = RequestParamsMeta(progress_token=progress_token) if progress_token else None
     request = CallToolRequest(
         params=CallToolRequestParams(
-            name="execute_code", arguments=arguments, task=TaskMetadata(ttl=60_000), _meta=meta
+            name=tool, arguments=arguments, task=TaskMetadata(ttl=60_000), _meta=meta
         )
     )
     params = request.model_dump(by_alias=True, mode="json", exclude_none=True)["params"]

@@ -16,9 +16,10 @@ from mcp import Client, MCPError, StdioServerParameters
 from mcp.server.context import ServerRequestContext
 from mcp_types import INVALID_PARAMS, METHOD_NOT_FOUND, ProgressNotification, TextContent
 
-from lemon_exec import ExecuteCode, ExecuteCodeConfig
+from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.mcp import build_server
 from lemon_exec.mcp._auth import PRINCIPAL_KEY, BearerAuth
+from lemon_exec.mcp._code_tasks import CodeTask, CodeTasks
 from lemon_exec.mcp._tasks import LOCAL_PRINCIPAL, TaskBook, TaskRecord, principal_of
 
 from .conftest import gone, lemon_exec_argv, read_pid
@@ -85,7 +86,9 @@ async def test_stdio_tasks_progress_queue_cancel_and_blocking_calls(tmp_path: Pa
         tools = {t.name: t for t in (await client.list_tools()).tools}
         assert tools["execute_code"].execution is not None
         assert tools["execute_code"].execution.task_support == "optional"
-        assert tools["execute_command"].execution is None
+        assert tools["execute_command"].execution is not None
+        assert tools["execute_command"].execution.task_support == "optional"
+        assert tools["restart_session"].execution is None  # it stays blocking
 
         # A: the session's active cell; B: queued behind it in the session's FIFO.
         a_pid, go = tmp_path / "a.pid", tmp_path / "go"
@@ -207,8 +210,14 @@ async def test_tasks_exist_only_at_2025_11_25() -> None:
             await get_task(client, "anything")
         assert refused.value.error.code == METHOD_NOT_FOUND
     only_shell = build_server(ExecuteCodeConfig(enabled=True), only_shell=True)
-    async with Client(only_shell, mode="legacy") as client:
+    async with Client(only_shell) as client:
         assert client.server_capabilities.tasks is None
+    async with Client(only_shell, mode="legacy") as client:  # execute_command runs as a task
+        assert client.server_capabilities.tasks is not None
+        tools = {t.name: t for t in (await client.list_tools()).tools}
+        assert set(tools) == {"execute_command", "restart_session"}
+        execution = tools["execute_command"].execution
+        assert execution is not None and execution.task_support == "optional"
 
 
 async def test_a_task_belongs_to_its_principal() -> None:
@@ -245,14 +254,16 @@ async def test_a_task_belongs_to_its_principal() -> None:
     async with ExecuteCode(ExecuteCodeConfig(enabled=True, warm_kernels=0)) as tool:
         job = await tool.start(None)  # refused at once (no script): a finished job
         await job.wait()
-        book = TaskBook(1000)
-        book.add(TaskRecord(job, owner, None, None, "t", "t"))  # type: ignore[arg-type]
-        assert book.find(tool, job.id, owner).job == job
+        source = CodeTasks(tool, SessionScope(session_id="s", agent_id="a"))
+        book = TaskBook(1000, [source])
+        task = CodeTask(job)
+        book.add(source, TaskRecord(task, owner, None, None, "t", "t"))  # type: ignore[arg-type]
+        assert book.find(job.id, owner).job is task
         with pytest.raises(MCPError) as other:
-            book.find(tool, job.id, "bearer:someone-else")
+            book.find(job.id, "bearer:someone-else")
         assert other.value.error.code == INVALID_PARAMS
-        assert book.owned(tool, "bearer:someone-else") == []
-        assert [r.job for r in book.owned(tool, owner)] == [job]
+        assert book.owned("bearer:someone-else") == []
+        assert [r.job for r in book.owned(owner)] == [task]
 
 
 async def _never() -> Any:
