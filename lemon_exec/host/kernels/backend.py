@@ -68,6 +68,11 @@ class KernelHandle(Protocol):
     @property
     def disposed(self) -> bool: ...
 
+    @property
+    def link_ended(self) -> bool:
+        """The kernel closed its host link (it died, or broke the link); False without one."""
+        ...
+
     # -- channels ------------------------------------------------------------------------
 
     def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:

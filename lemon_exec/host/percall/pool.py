@@ -124,7 +124,9 @@ class KernelPool:
                 self._drop(spare.kernel)  # off the hot path; replaced by the refill below
                 continue
             try:
-                alive = await spare.kernel.is_alive()
+                # A closed link is the surest sign of a killed spare: the reader sees it at
+                # once, while the process may not have been reaped yet.
+                alive = not spare.kernel.link_ended and await spare.kernel.is_alive()
             except asyncio.CancelledError:  # the claim was given up: the spare stays one
                 key.spares.insert(0, spare)
                 raise

@@ -124,6 +124,10 @@ class GatewayKernel:
     def disposed(self) -> bool:
         return self._disposed
 
+    @property
+    def link_ended(self) -> bool:
+        return False  # a gateway's kernel has no host link
+
     async def is_alive(self) -> bool:
         return not self._disposed and self.lost is None
 

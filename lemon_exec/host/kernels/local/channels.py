@@ -73,6 +73,8 @@ class KernelChannels:
         self.closed = False
         #: Told to stop (SIGTERM/SIGKILL sent): its sockets closing is its exit, not a drop.
         self.stopping = False
+        #: The kernel's link to the host has ended (the reader saw it close).
+        self.link_ended = False
         #: Why the kernel is no longer trusted (the first protocol fault), or None.
         self.fault: str | None = None
         #: How many messages failed their signature check or were malformed.
@@ -160,6 +162,7 @@ class KernelChannels:
 
     def _link_ended(self, problem: str | None) -> None:
         """The kernel's link closed: its exit, unless the kernel lives on without it."""
+        self.link_ended = True
         if self.closed or self.stopping:
             return
         if problem is not None:

@@ -247,6 +247,10 @@ class ManagedKernel:
     def disposed(self) -> bool:
         return self._disposed
 
+    @property
+    def link_ended(self) -> bool:
+        return self._channels.link_ended
+
     def publish(self) -> None:
         """Link the connection file into the Jupyter external-kernels directory, if set.
 
