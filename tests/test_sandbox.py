@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from support import enabled_config, mcp_call_execute_code, wait_until
 
+import lemon_exec
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.host.kernels import sandbox as sandboxes
 from lemon_exec.host.kernels.local.backend import LocalBackend
@@ -630,7 +631,7 @@ def test_an_interpreter_and_package_under_tmp_are_bound_back(tmp_path: Path) -> 
         masked = mounts.index(("--tmpfs", "/tmp"))
         assert mounts.index(("--ro-bind", str(venv))) > masked, mounts
         # Only what a mask would hide is bound again: a package outside /tmp is not.
-        package = Path(sandboxes.__file__).resolve().parent.parent
+        package = Path(lemon_exec.__file__).resolve().parent
         bound_again = ("--ro-bind", str(package)) in mounts
         assert bound_again == package.is_relative_to("/tmp"), mounts
     finally:
