@@ -96,7 +96,7 @@ class Playground:
         if os.environ.get(pg.MCP_CONFIG_ENV) and self._host is None:
             # The MCP servers' tools (``tools.<server>``) exist only once the host has listed
             # them: started with the first cell, not the first helper call.
-            with contextlib.suppress(ToolError):
+            with self._lock, contextlib.suppress(ToolError):
                 self._ensure_host()
         try:
             yield
@@ -144,6 +144,7 @@ class Playground:
                     self._send(host, pg.CLOSE_MSG_TYPE, {"comm_id": bridge.comm_id})
 
     def _ensure_host(self) -> _Host:
+        """The running host, started (or restarted) if needed; the caller holds the lock."""
         host = self._host
         if host is not None and host.alive:
             return host
