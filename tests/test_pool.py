@@ -278,3 +278,33 @@ def test_the_replacement_spare_starts_after_the_run() -> None:
             await _wait_spares(ec)
 
     asyncio.run(main())
+
+
+def test_a_failed_spare_start_is_tried_again_without_a_claim() -> None:
+    """A start that fails (a template killed mid-fork, say) does not leave the pool short
+    until the next claim: the key tries again after a backoff. Pure pool logic."""
+
+    class Spare:
+        async def kill(self) -> None:
+            pass
+
+    calls: list[float] = []
+
+    async def start(interpreter: str) -> Any:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) <= 2:
+            raise RuntimeError("the kernel process exited during startup")
+        return Spare()
+
+    async def main() -> tuple[int, list[float]]:
+        pool = KernelPool(start, 1, parallel=1)
+        try:
+            pool.refill("python")
+            assert await await_until(lambda: pool.spare_count == 1, timeout=5)
+            return pool.spare_count, calls
+        finally:
+            await pool.aclose()
+
+    count, times = asyncio.run(main())
+    assert count == 1 and len(times) == 3
+    assert times[2] - times[1] > times[1] - times[0] >= 0.2  # backoff doubles

@@ -48,6 +48,11 @@ DEFAULT_MAX_BURST = 3
 DEFAULT_BURST_HOLD_S = 30.0
 #: A deferred replacement spare (see KernelPool.claim) starts at the latest this much later.
 DEFER_REFILL_S = 1.0
+#: After a failed spare start the key tries again this much later, doubling per failure in
+#: a row up to RETRY_MAX_S: a template killed mid-start recovers, a broken interpreter
+#: does not spin.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,7 @@ class _Key:
     extra: int = 0  # burst spares wanted past ``size``
     short_at: float = 0.0  # when a claim last found no ready spare
     deferred: bool = False  # a claimed spare's replacement waits for refill()
+    failures: int = 0  # spare starts failed in a row
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
 
@@ -192,10 +198,20 @@ class KernelPool:
 
     def _defer_refill(self, interpreter: str, key: _Key) -> None:
         key.deferred = True
+        self._call_later(DEFER_REFILL_S, interpreter)
+
+    def _retry_later(self, interpreter: str, key: _Key) -> None:
+        key.failures += 1
+        if self._closed or key.starting:
+            return  # a start still in flight refills when it ends
+        delay = min(RETRY_MAX_S, RETRY_FIRST_S * 2 ** (key.failures - 1))
+        self._call_later(delay, interpreter)
+
+    def _call_later(self, delay: float, interpreter: str) -> None:
         loop = asyncio.get_running_loop()
-        handle = loop.call_later(DEFER_REFILL_S, self.refill, interpreter)
+        handle = loop.call_later(delay, self.refill, interpreter)
         self._deferred.add(handle)
-        loop.call_later(DEFER_REFILL_S + 0.1, self._deferred.discard, handle)
+        loop.call_later(delay + 0.1, self._deferred.discard, handle)
 
     def _key(self, interpreter: str) -> _Key:
         key = self._keys.get(interpreter)
@@ -232,12 +248,14 @@ class KernelPool:
             key.starting -= 1
             # A claim waiting for it starts its own and reports the error itself.
             self._hand_over(key, None)
+            self._retry_later(interpreter, key)
             return
         except BaseException:
             key.starting -= 1
             self._hand_over(key, None)
             raise
         key.starting -= 1
+        key.failures = 0
         if self._closed:
             self._hand_over(key, None)
             await kernel.kill()
