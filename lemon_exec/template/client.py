@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec.proc import supervise
+from lemon_exec.proc.exit_wait import wait_exit
 from lemon_exec.template import isolate as isolation
 from lemon_exec.template.replies import Replies
 
@@ -63,6 +64,10 @@ _RECENT_ANSWERS = 20
 _process_state = supervise.state
 #: How long a kernel start waits for a starting template before it launches cold instead.
 START_WAIT_S = 3.0
+#: How long a closing template gets to kill its kernels and exit before it is killed.
+_CLOSE_WAIT_S = 1.0
+#: The line that tells the template its socket is about to close on purpose.
+_BYE = b'{"bye": true}\n'
 
 #: Open fork servers by id, so the provisioner (built by jupyter_client) can find its server.
 _SERVERS: dict[str, ForkServer] = {}
@@ -397,9 +402,13 @@ class ForkServer:
         _SERVERS.pop(self.server_id, None)
 
     async def aclose(self) -> None:
-        """Stop the template (it kills its remaining children when its socket closes).
+        """Stop the template: it kills its remaining children and exits as its socket closes.
 
-        Idempotent: the engine retires a dead server on every start attempt until it retries.
+        The host says ``bye`` first, so the template need not wait to learn whether the host
+        is dying, and its exit is awaited on a pidfd (:mod:`lemon_exec.proc.exit_wait`).
+        A template that does not go within ``_CLOSE_WAIT_S`` (stopped by a script, wedged)
+        is killed with everything under it. Idempotent: the engine retires a dead server
+        on every start attempt until it retries.
         """
         if self._closing:
             return
@@ -407,6 +416,8 @@ class ForkServer:
         if _SERVERS.get(self.server_id) is self:
             del _SERVERS[self.server_id]
         if self._writer is not None:
+            with contextlib.suppress(Exception):  # gone already: it is exiting anyway
+                self._writer.write(_BYE)
             self._writer.close()
             with contextlib.suppress(Exception):
                 await self._writer.wait_closed()
@@ -414,13 +425,14 @@ class ForkServer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self._proc is not None:
-            deadline = time.monotonic() + 1.0
-            while self._proc.poll() is None and time.monotonic() < deadline:
-                await asyncio.sleep(0.02)
-            if self._proc.poll() is None:
-                self._proc.kill()
-                await asyncio.get_running_loop().run_in_executor(None, self._proc.wait)
+        proc = self._proc
+        if proc is None:
+            return
+        if self.stopped:  # a stopped template would never read its socket
+            self._kill_template()
+        if not await wait_exit(proc.pid, lambda: proc.poll() is None, _CLOSE_WAIT_S):
+            self._kill_template()
+            await wait_exit(proc.pid, lambda: proc.poll() is None, _CLOSE_WAIT_S)
 
 
 def servers() -> list[ForkServer]:

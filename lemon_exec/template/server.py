@@ -20,19 +20,23 @@ Protocol on the inherited Unix socket (fd given by ``--fd``), JSON lines:
   else (:mod:`lemon_exec.template.isolate`; a sandboxed template, started with
   ``--isolate-probe``, refuses requests without one); ``{"kill": N}`` to kill the kernel
   of a request the host gave up on (only while N is an unreaped child: never a reused PID);
+  ``{"bye": true}`` just before the host closes the socket on purpose (it is not dying);
 - template → host: ``{"ready": pid}`` once, ``{"pid": N, "req": id}`` or
   ``{"error": "...", "req": id}`` per request (the host matches replies to requests by id,
   so a late reply can never answer a later request), and ``{"exit": N, "status": S}`` when
   a child ends (S negative: killed by -S).
 
 The template exits when the host closes its socket or dies (a pidfd on the host, so a SIGKILLed
-host is noticed at once), killing every kernel's whole process tree first. It is a subreaper
-(see :mod:`lemon_exec.proc.supervise`): what a dead kernel leaves behind is adopted by the
-template and killed. When the host died (rather than closing the socket), the template also
-does the host's teardown (:func:`lemon_exec.proc.host_teardown.teardown_dead_host`) of the
-staging root it runs in and of the runtime directory and links directory the host named
-(``--runtime-dir``, ``--links-dir``): workspaces and connection files go; spill files
-(readable for 24 hours) and the owner marker stay.
+host is noticed at once), killing every kernel's whole process tree first. A socket closed
+after ``bye`` ends it at once; one closed without it may mean the host is dying, which the
+template waits up to a second to learn (a dying host's sockets close before its pidfd
+fires). It is a subreaper (see :mod:`lemon_exec.proc.supervise`): what a dead kernel leaves
+behind is adopted by the template and killed. When the host died (rather than closing the
+socket), the template also does the host's teardown
+(:func:`lemon_exec.proc.host_teardown.teardown_dead_host`) of the staging root it runs in and
+of the runtime directory and links directory the host named (``--runtime-dir``,
+``--links-dir``): workspaces and connection files go; spill files (readable for 24 hours) and
+the owner marker stay.
 """
 
 from __future__ import annotations
@@ -101,6 +105,10 @@ def main() -> None:
             template.serve()
     finally:
         template.after_host()
+    if template.leaving:
+        # The host waits for this exit: skip the finalisation of a heap the size of
+        # IPython's (its children are killed and reaped already, nothing is buffered).
+        os._exit(0)
 
 
 def _exit_on_sigterm(_signum: int, _frame: Any) -> None:
@@ -137,6 +145,8 @@ class _Template:
         #: The host's runtime directory and Jupyter links directory, for its teardown.
         self.runtime_dir: Path | None = None
         self.links_dir: Path | None = None
+        #: The host said "bye": it closes the socket on purpose and is not dying.
+        self.leaving = False
 
     def send(self, obj: dict[str, Any]) -> None:
         self.sock.sendall(json.dumps(obj).encode() + b"\n")
@@ -160,7 +170,7 @@ class _Template:
     def after_host(self) -> None:
         """If the host died (not just closed the socket), do its staging-root teardown."""
         self._kill_children()
-        if not self._host_died():
+        if self.leaving or not self._host_died():
             return
         with contextlib.suppress(Exception):  # best effort: the next host start sweeps too
             teardown_dead_host(self.root, self.host, self.runtime_dir, self.links_dir)
@@ -187,6 +197,9 @@ class _Template:
             request = None
         if isinstance(request, dict) and "kill" in request:
             self._kill(request["kill"])  # no descriptor comes with a kill
+            return
+        if isinstance(request, dict) and request.get("bye") is True:
+            self.leaving = True  # the socket closes next: no need to learn why
             return
         # Every fork request carries its child's stderr, in order.
         stderr_fd = self.fds.pop(0) if self.fds else None

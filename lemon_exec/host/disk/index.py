@@ -3,7 +3,8 @@
 ``lemon-exec kernels`` reads the indexes of running hosts so a person can find a kernel and
 attach to it with Jupyter tools. Only the same OS user can read them (the root is 0700), and
 a row holds an opaque id, never a session key, code or output. The index is rewritten at most
-every 0.2 s, off the hot path.
+every 0.2 s, off the hot path, and written on the host's disk worker
+(:mod:`lemon_exec.host.disk.worker`), off the event loop.
 
 It also records the host's and its kernel-side processes' PIDs with their start times, so
 that if the host is killed and its processes somehow survive it, the next host start can
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from lemon_exec._constants import STAGING_ROOT_PREFIX
+from lemon_exec.host.disk.worker import DiskWorker
 from lemon_exec.proc import supervise
 from lemon_exec.proc.host_teardown import INDEX_NAME
 from lemon_exec.template.client import servers
@@ -47,10 +49,18 @@ class KernelStatus:
 
 
 class KernelIndex:
-    def __init__(self, root: Path, rows: Callable[[], Iterable[KernelStatus]]) -> None:
+    """The index of one host; rewritten on its disk worker (``disk``), or inline without one."""
+
+    def __init__(
+        self,
+        root: Path,
+        rows: Callable[[], Iterable[KernelStatus]],
+        disk: DiskWorker | None = None,
+    ) -> None:
         self.path = root / INDEX_NAME
         self._root = root
         self._rows = rows
+        self._disk = disk
         self._handle: asyncio.TimerHandle | None = None
         self._host_start = supervise.start_time(os.getpid())
 
@@ -61,15 +71,23 @@ class KernelIndex:
             self._handle = loop.call_later(_WRITE_DELAY_S, self.write_now)
 
     def write_now(self) -> None:
+        """Rewrite the index from the rows as they are now (the file work on the worker)."""
         self._handle = None
-        rows = list(self._rows())
+        rows = [asdict(r) for r in self._rows()]
+        pids = [r["pid"] for r in rows], _templates_under(self._root)
+        if self._disk is not None:
+            self._disk.later(self._write, rows, pids)
+        else:
+            self._write(rows, pids)
+
+    def _write(self, rows: list[dict[str, Any]], pids: tuple[list[int], list[int]]) -> None:
         data = json.dumps(
             {
                 "pid": os.getpid(),
                 "host_start": self._host_start,
                 "written_unix": time.time(),
-                "kernels": [asdict(r) for r in rows],
-                "processes": _processes([r.pid for r in rows], _templates_under(self._root)),
+                "kernels": rows,
+                "processes": _processes(*pids),
             }
         )
         tmp = self.path.with_name(f".{INDEX_NAME}.{os.getpid()}.tmp")
@@ -82,6 +100,7 @@ class KernelIndex:
             os.replace(tmp, self.path)
 
     def close(self) -> None:
+        """No more rewrites (one already queued on the worker ends before the root goes)."""
         if self._handle is not None:
             self._handle.cancel()
             self._handle = None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from lemon_exec._constants import GRACE_S
@@ -159,21 +160,58 @@ def drop_note(size: int | None, *, lost_around: bool = False) -> str:
     return note + "]"
 
 
-async def dispose(kernel: KernelHandle) -> None:
+#: Waits up to the given seconds for a kernel's process to exit; True once it has.
+ExitWait = Callable[[float], Awaitable[bool]]
+
+
+async def dispose(
+    kernel: KernelHandle,
+    *,
+    hurry: asyncio.Event | None = None,
+    wait_exit: ExitWait | None = None,
+) -> None:
     """Discard a kernel: SIGTERM its group, one grace period, then SIGKILL and clean up.
 
-    An interrupted kernel first gets what is left of its SIGINT grace period.
+    An interrupted kernel first gets what is left of its SIGINT grace period. Once ``hurry``
+    is set (the host is closing and kills it anyway), no grace period is waited for, and one
+    under way ends at once. ``wait_exit`` waits for the process's exit as an event (a pidfd);
+    without it the process is polled.
     """
     if kernel.disposed:
         return
     if kernel.interrupted_at is not None:
-        await _wait_exit(kernel, kernel.interrupted_at + GRACE_S)
+        await _wait_exit(kernel, kernel.interrupted_at + GRACE_S, hurry, wait_exit)
     await kernel.signal_group(signal.SIGTERM)  # always: the script's children may be left
-    await _wait_exit(kernel, time.monotonic() + GRACE_S)
+    await _wait_exit(kernel, time.monotonic() + GRACE_S, hurry, wait_exit)
     await kernel.kill()
 
 
-async def _wait_exit(kernel: KernelHandle, deadline: float) -> None:
+async def _wait_exit(
+    kernel: KernelHandle,
+    deadline: float,
+    hurry: asyncio.Event | None,
+    wait_exit: ExitWait | None,
+) -> None:
+    """Until the kernel exits, ``deadline`` passes or ``hurry`` is set, whichever is first."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0 or (hurry is not None and hurry.is_set()):
+        return
+    waits: list[asyncio.Future[Any]] = []
+    if wait_exit is not None:
+        waits.append(asyncio.ensure_future(wait_exit(remaining)))
+    else:
+        waits.append(asyncio.ensure_future(_poll_exit(kernel, deadline)))
+    if hurry is not None:
+        waits.append(asyncio.ensure_future(hurry.wait()))
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+
+
+async def _poll_exit(kernel: KernelHandle, deadline: float) -> None:
     while time.monotonic() < deadline and await kernel.is_alive():
         await asyncio.sleep(0.02)
 

@@ -25,6 +25,7 @@ from lemon_exec.host.disk.index import KernelIndex
 from lemon_exec.host.disk.spill_reaper import SpillReaper
 from lemon_exec.host.disk.staging import StagingRoot, check_socket_room
 from lemon_exec.host.disk.staging import staging_base as staging_dir
+from lemon_exec.host.disk.worker import DiskWorker
 from lemon_exec.host.kernels.backend import KernelHandle
 from lemon_exec.host.kernels.gateway.backend import GatewayBackend
 from lemon_exec.host.kernels.kernelspec import kernel_pythonpath
@@ -63,8 +64,14 @@ class Engine:
         #: A kernel not ready within this many seconds failed to start (tests lower it).
         self.start_timeout_s = STARTUP_TIMEOUT_S
         self._background: set[asyncio.Task[Any]] = set()
+        #: Set once the host closes: kernels are killed at once, with no grace period.
+        self._hurry = asyncio.Event()
         self._live: set[KernelHandle] = set()
-        self.index = KernelIndex(self.staging.path, lambda: [k.status for k in self._live])
+        #: The host's file work off the event loop: workspaces, the index, the root's removal.
+        self.disk = DiskWorker()
+        self.index = KernelIndex(
+            self.staging.path, lambda: [k.status for k in self._live], self.disk
+        )
         self.backend: LocalBackend | GatewayBackend
         if config.gateway_url:  # kernels behind an Enterprise Gateway (docs/scale-out.md)
             self.backend = GatewayBackend(config, spawn=self.spawn)
@@ -79,6 +86,7 @@ class Engine:
                     config.kernel_max_open_files,
                 ),
                 sandbox=spec_from_config(config),
+                hurry=self._hurry,
             )
         self._closed = False  # no new kernels
         self._finished = False  # aclose ran
@@ -103,6 +111,7 @@ class Engine:
         for kernel in list(self._live):
             kernel.kill_sync()
         self.backend.emergency_cleanup()
+        self.disk.close()
         self.staging.close()
 
     def ensure_staging(self) -> None:
@@ -173,6 +182,9 @@ class Engine:
                 {"duration_ms": int((time.monotonic() - started) * 1000)},
                 {"mode": mode, "source": source, "ok": ok},
             )
+        if self._finished:  # it started while the host closed: nothing may outlive aclose
+            await kernel.kill()
+            raise RefusedError("execute_code: the tool is shutting down")
         kernel.status.pid = kernel.pid or 0  # recorded in the index for sweep_dead_hosts
         kernel.status.mode = mode
         if mode == "session":
@@ -234,25 +246,43 @@ class Engine:
     # -- shutdown -------------------------------------------------------------------------------
 
     def refuse_starts(self) -> None:
-        """From now on no kernel starts (the runs are closing their kernels)."""
+        """From now on no kernel starts, and stops kill without a grace period (the runs are
+        closing their kernels, and whatever is left is killed right after)."""
         self._closed = True
+        self._hurry.set()
 
     async def aclose(self) -> None:
-        """Wait for background stops, kill every kernel left, remove the private files."""
+        """Kill every kernel and stop the templates, then remove the private files.
+
+        Nothing is waited for but the ends themselves: stops under way skip what is left of
+        their grace periods (see :meth:`refuse_starts`), kernels are killed and the templates
+        told to go at the same time, each exit is awaited on its pidfd, and the staging root
+        is removed on the disk worker once the file work queued before it is done.
+        """
         if self._finished:
             return
         self._finished = self._closed = True
-        while self._background:
-            await asyncio.gather(*list(self._background), return_exceptions=True)
-        await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
-        self._live.clear()
-        await self.backend.aclose()
+        self._hurry.set()
+        templates = asyncio.ensure_future(self._close_templates())
+        try:
+            while self._background:
+                await asyncio.gather(*list(self._background), return_exceptions=True)
+            await asyncio.gather(*(k.kill() for k in list(self._live)), return_exceptions=True)
+            self._live.clear()
+        finally:
+            await templates
+        await self.backend.aclose()  # the templates are gone: the kernels' cgroups go
         self.index.close()
         if self._reap_handle is not None:
             self._reap_handle.cancel()
         self.reaper.close()
-        self.staging.close()
+        await self.disk.aclose(self.staging.close)
         hygiene.unregister(self)
+
+    async def _close_templates(self) -> None:
+        """Tell the fork-server templates to go (they kill the kernels they forked)."""
+        if isinstance(self.backend, LocalBackend):
+            await self.backend.close_templates()
 
 
 class StartTimeout(KernelStartError):

@@ -82,8 +82,8 @@ class PerCallRuns:
         released = False
         details = {**call.details, "queue_wait_ms": slot.waited_ms}
         try:
-            try:
-                workspace = engine.staging.new_workspace(call.script)
+            try:  # on the disk worker: a slow disk stalls this run, not the event loop
+                workspace = await engine.disk.call(engine.staging.new_workspace, call.script)
             except RefusedError as exc:  # e.g. a full disk: nothing ran, nothing is left
                 return workspace_refused(exc, details)
             try:
@@ -119,7 +119,8 @@ class PerCallRuns:
                     engine.spawn(self._stop_and_release(kernel, slot))
                     self.pool.refill(key)
             finally:
-                engine.staging.remove_workspace(workspace)
+                # Removed in the background; closing the host waits for it.
+                engine.disk.later(engine.staging.remove_workspace, workspace)
         finally:
             if kernel is None and not released:  # no kernel to wait for: the slot is free
                 slot.release()

@@ -139,7 +139,8 @@ class Runner:
             return call
         try:
             host = self.bind()
-            host.engine.ensure_staging()  # a script may have deleted it: made again, or refused
+            # A script may have deleted it: made again, or refused (on the disk worker).
+            await host.engine.disk.call(host.engine.ensure_staging)
         except RefusedError as exc:
             return staging_refused(exc, call.details, self.config.mode, self.telemetry)
         # MCP servers' tools are listed (connecting once) before the kernel is told the names.

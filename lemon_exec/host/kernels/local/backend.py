@@ -58,8 +58,11 @@ class LocalBackend:
         spawn: Spawn,
         limits: LimitSpec | None = None,
         sandbox: sandboxes.SandboxSpec | None = None,
+        hurry: asyncio.Event | None = None,
     ) -> None:
         self._staging = staging
+        #: Set when the host closes: stops kill at once, without a grace period.
+        self._hurry = hurry
         #: Resource limits of every kernel (host/kernels/resource_limits.py); each kernel's cgroup.
         self._limiter = Limiter(limits or LimitSpec())
         self._cgroups: dict[KernelHandle, KernelCgroup | None] = {}
@@ -153,7 +156,8 @@ class LocalBackend:
         await kernel.signal_group(signal.SIGINT)
 
     async def stop(self, kernel: KernelHandle) -> None:
-        await dispose(kernel)
+        exited = kernel.wait_exit if isinstance(kernel, ManagedKernel) else None
+        await dispose(kernel, hurry=self._hurry, wait_exit=exited)
         if kernel in self._cgroups:
             self._limiter.release(self._cgroups.pop(kernel))
 
@@ -247,11 +251,15 @@ class LocalBackend:
             server.kill_sync()
         self._limiter.close()
 
-    async def aclose(self) -> None:
+    async def close_templates(self) -> None:
+        """Stop every fork-server template (each kills what it forked), all at once."""
         await asyncio.gather(
             *(s.aclose() for s in [*self._forkservers.values(), *self._retired]),
             return_exceptions=True,
         )
+
+    async def aclose(self) -> None:
+        await self.close_templates()
         self._forkservers.clear()
         self._retired.clear()
         self._cgroups.clear()
