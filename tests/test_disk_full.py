@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import enabled_config
+from support import enabled_config, wait_until
 
 from lemon_exec import ExecuteCode, SessionScope
 from lemon_exec.host.disk import runtime_base
@@ -165,6 +165,8 @@ def test_kernel_files_on_a_full_disk_are_a_staging_start_failure(
     facade = own_tool(fork_server=fork_server)
     assert facade.run_sync("pass").ok
     root = staging_of(facade)
+    # The used kernel's files go with it: gone before the disk fills, or they would free it.
+    assert wait_until(lambda: facade.snapshot()["kernels_total"] == 0), "the kernel stayed"
     made = StagingRoot.new_workspace
 
     def then_fill(self: StagingRoot, script: str | None = None) -> Path:
@@ -181,7 +183,7 @@ def test_kernel_files_on_a_full_disk_are_a_staging_start_failure(
     assert result.details["startup_failed"] is True
     assert result.details["startup_error"] == "staging"
     assert result.details["exit_code"] is None
-    assert leftovers(root) == []
+    assert wait_until(lambda: leftovers(root) == []), leftovers(root)  # removed soon after
 
     disk.free()
     assert facade.run_sync("print('after')").content == "after\n"
@@ -232,7 +234,7 @@ def test_session_mode_on_a_full_disk_keeps_its_sessions_and_falls_back_clearly(
     assert details["startup_error"] == "staging"
     assert details["persistent"] is False
     assert details["exit_code"] is None
-    assert leftovers(root) == []
+    assert wait_until(lambda: leftovers(root) == []), leftovers(root)  # removed soon after
     assert session_kernels(host=os.getpid()) == kernels  # the old session's kernel only
 
     disk.free()
