@@ -221,7 +221,10 @@ class ForkServer:
 
     async def wait_ready(self, timeout: float = _READY_TIMEOUT_S) -> bool:
         try:
-            ready = await asyncio.wait_for(asyncio.shield(self._ready), timeout)
+            # asyncio.timeout, not wait_for: on 3.11 that drops a cancellation landing as
+            # the wait ends (a closing host would then wait for a whole kernel start).
+            async with asyncio.timeout(timeout):
+                ready = await asyncio.shield(self._ready)
         except TimeoutError:
             return False
         return ready and self.alive
@@ -351,8 +354,9 @@ class ForkServer:
         wedged_after = max(_WEDGE_MIN_S, _WEDGE_FACTOR * max(self._answer_times, default=0.0))
         suspect: str | None = None  # what the last check found wrong
         while not waiter.done():
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(waiter), CHECK_S)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(CHECK_S):  # not wait_for: see wait_ready
+                    await asyncio.shield(waiter)
                 break
             waited = time.monotonic() - sent
             now = self._usage()

@@ -306,6 +306,8 @@ async def _interrupt(kernel: KernelHandle, sink: _CellSink) -> None:
     (:func:`lemon_exec.host.kernels.backend.dispose`) still gives it the rest of that grace
     period before SIGTERM, in the background.
     """
+    if kernel.disposed:  # killed already (e.g. the host is closing): nothing more comes
+        return
     kernel.interrupted_at = time.monotonic()
     await kernel.signal_group(signal.SIGINT)
     with contextlib.suppress(asyncio.TimeoutError):

@@ -245,6 +245,11 @@ class Engine:
 
     # -- shutdown -------------------------------------------------------------------------------
 
+    @property
+    def closing(self) -> bool:
+        """Whether the host is closing: no kernel starts any more."""
+        return self._closed
+
     def refuse_starts(self) -> None:
         """From now on no kernel starts, and stops kill without a grace period (the runs are
         closing their kernels, and whatever is left is killed right after)."""

@@ -9,6 +9,7 @@ warm-up cell before any caller waits on it.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from pathlib import Path
@@ -191,6 +192,9 @@ class PerCallRuns:
         engine = self.engine
         interpreter, start_dir = self._start_dir(key)
         kernel = await engine.start_kernel(interpreter, start_dir, mode="per_call", source="spare")
+        if engine.closing:  # the pool's cancel was lost on the way (asyncio on 3.11 can)
+            await engine.stop(kernel, reason="discarded", mode="per_call", cells_run=0)
+            raise asyncio.CancelledError
         # One empty script cell pays the first-cell costs (lazy imports, and in a forked
         # kernel the copy-on-write faults: ~8 ms) before a caller waits. It defines nothing,
         # so the namespace a run finds is still fresh.
@@ -202,10 +206,15 @@ class PerCallRuns:
             aborts=(),
             on_update=None,
         )
+        cell = asyncio.ensure_future(cells.run_cell(kernel, warm, self.tool_host))
         try:
-            result = await cells.run_cell(kernel, warm, self.tool_host)
+            result = await asyncio.shield(cell)
         except BaseException:
+            # Given up (the pool closes): nobody reads a warm-up cell's output, so the kernel
+            # goes first and the cell then ends without waiting for it to flush.
             await engine.stop(kernel, reason="discarded", mode="per_call", cells_run=0)
+            cell.cancel()
+            await asyncio.gather(cell, return_exceptions=True)
             raise
         if result.end != "ok":
             await engine.stop(kernel, reason="discarded", mode="per_call", cells_run=0)
