@@ -39,6 +39,7 @@ _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.append(_ROOT)
 
+from bench.close import bench_close  # noqa: E402
 from bench.common import (  # noqa: E402
     MIB,
     RESULT_MARKER,
@@ -112,6 +113,8 @@ FIGURES: dict[str, tuple[str, str]] = {
     "gateway_session_rtt_p50_ms": ("ms", "gateway"),
     "raw_gateway_rtt_p50_ms": ("ms", "gateway"),
     "gateway_session_ratio": ("x", "gateway"),
+    "aclose_ms": ("ms", "close"),  # issue 31
+    "loop_stall_burst8_ms": ("ms", "close"),
 }
 
 #: Targets: figure -> (comparison, limit). Issue 17 (round two) tightened issue 5's where it
@@ -133,6 +136,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "sessions64_idle_pss_mb": ("<=", 640.0),
     "sandbox_ratio": ("<=", 1.5),  # issue 15
     "gateway_session_ratio": ("<=", 1.3),  # issue 16
+    "aclose_ms": ("<=", 100.0),  # issue 31
 }
 
 GROUPS: tuple[str, ...] = (
@@ -151,6 +155,7 @@ GROUPS: tuple[str, ...] = (
     "fresh_kernel",
     "sandbox",
     "gateway",
+    "close",
 )
 
 FLOOD_SCRIPT = (
@@ -1088,6 +1093,7 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "fresh_kernel": bench_fresh_kernel,
     "sandbox": bench_sandbox,
     "gateway": bench_gateway_group,
+    "close": lambda ctx: bench_close(ctx.report, ctx.plan.quick, ctx.workdir),
 }
 
 
