@@ -85,7 +85,7 @@ class Counts:
     def make(cls, quick: bool) -> Counts:
         if quick:
             return cls(session_pairs=40, mcp_rounds=2, mcp_calls=20, start_samples=1,
-                       fresh_pairs=3, python_pairs=10)  # fmt: skip
+                       fresh_pairs=2, python_pairs=6)  # fmt: skip
         return cls(session_pairs=200, mcp_rounds=6, mcp_calls=30, start_samples=5,
                    fresh_pairs=10, python_pairs=40)  # fmt: skip
 
