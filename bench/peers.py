@@ -244,3 +244,17 @@ async def python_c(interpreter: str, cwd: str, code: str = "print(1)") -> float:
     if proc.returncode != 0 or out.strip() != b"1":
         raise RuntimeError(f"{interpreter} -c failed ({proc.returncode}): {err[-500:]!r}")
     return elapsed
+
+
+async def pool_settled(ec: Any, spares: int, timeout: float) -> bool:
+    """Wait until ``ec``'s pool holds at least ``spares`` spares and every live kernel is a
+    spare (none starting, running or stopping). Unlike ``common.wait_quiet`` it accepts more
+    spares than asked for: after a burst the pool keeps extra ones for a while."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = ec.snapshot()
+        if snap["spares"] >= spares and snap["kernels_total"] == snap["spares"]:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)

@@ -36,10 +36,9 @@ from bench.common import (
     script_json,
     summarize,
     timed_run,
-    wait_quiet,
 )
 from bench.memory import descendants, pss_uss_kib
-from bench.peers import fresh_kernel_call, python_c
+from bench.peers import fresh_kernel_call, pool_settled, python_c
 from bench.peers_figures import PEER_FIGURES
 from bench.peers_ipybox import IpyboxDriver, PeerUnavailable, ensure_venv
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
@@ -137,11 +136,11 @@ async def per_call_peers(p: Peers) -> None:
     async with ExecuteCode(lemon_config(kernel_mode="per_call", warm_kernels=1)) as ec:
 
         async def lemon(into: list[float]) -> None:
-            await wait_quiet(ec, 1, 10)  # each side starts once the pool has settled
+            await pool_settled(ec, 1, 10)  # each side starts once the pool has settled
             into.append((await timed_run(ec, "print(1)\n", scope))[0])
 
         async def timed_fresh() -> None:
-            await wait_quiet(ec, 1, 10)
+            await pool_settled(ec, 1, 10)
             t0 = time.perf_counter()
             out = await fresh_kernel_call(p.interpreter, cwd)
             fresh.append((time.perf_counter() - t0) * 1000)
@@ -149,7 +148,7 @@ async def per_call_peers(p: Peers) -> None:
                 raise RuntimeError(f"fresh kernel printed {out!r}")
 
         async def timed_python() -> None:
-            await wait_quiet(ec, 1, 10)
+            await pool_settled(ec, 1, 10)
             py.append(await python_c(p.interpreter, cwd))
 
         await timed_run(ec, "print(1)\n", scope)  # the pool (and fork server) fill from here

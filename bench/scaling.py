@@ -43,7 +43,7 @@ from bench.common import (
     wait_quiet,
 )
 from bench.memory import descendants, pss_uss_of, pss_uss_of_single, tree_rss_mib
-from bench.peers import python_c
+from bench.peers import pool_settled, python_c
 from bench.peers_group import PeersFailed, bench_peers
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 
@@ -296,13 +296,13 @@ async def _agents_point(agents: int, grid: Grid, workdir: Path) -> dict[str, Any
             return await python_c(interpreter, str(workdir))
 
         async def lemon_segment() -> None:
-            await wait_quiet(ec, config.warm_kernels, 30)
+            await pool_settled(ec, config.warm_kernels, 30)
             samples, wall = await _closed_loop(agents, segment, lemon_run)
             lemon.extend(samples)
             walls["lemon"] += wall
 
         async def python_segment() -> None:
-            await wait_quiet(ec, config.warm_kernels, 30)  # lemon_exec's cleanup is over
+            await pool_settled(ec, config.warm_kernels, 30)  # lemon_exec's cleanup is over
             samples, wall = await _closed_loop(agents, segment, python_run)
             python.extend(samples)
             walls["python"] += wall
