@@ -37,7 +37,7 @@ from bench.common import (
     summarize,
     timed_run,
 )
-from bench.memory import descendants, pss_uss_kib
+from bench.memory import descendants, parent_pid, pss_uss_kib
 from bench.peers import fresh_kernel_call, pool_settled, python_c
 from bench.peers_figures import PEER_FIGURES
 from bench.peers_ipybox import IpyboxDriver, PeerUnavailable, ensure_venv
@@ -313,21 +313,28 @@ async def ipybox_memory(p: Peers, driver: IpyboxDriver, root: Path) -> None:
     live in the calling process: their growth is context). One side at a time, so that they
     do not share pages."""
     n = p.counts.sessions
-    mine = {driver.pid}
     lemon: dict[int, float] = {}
+    kernels: list[int] = []
     config = lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=n)
     async with ExecuteCode(config) as ec:
         gate = asyncio.Semaphore(8)
 
         async def lemon_session(i: int) -> None:
             async with gate:
-                await timed_run(ec, "x = 1", p.scope(f"bench-peers-idle-{i}"))
+                code = "import os\nprint(os.getpid())"
+                _, result = await timed_run(ec, code, p.scope(f"bench-peers-idle-{i}"))
+                kernels.append(int(result.content.strip().splitlines()[-1]))
 
         for count, start in ((1, 0), (n, 1)):
             await asyncio.gather(*(lemon_session(i) for i in range(start, count)))
             await asyncio.sleep(p.counts.settle_s)
-            theirs = {*mine, *descendants(driver.pid)}
-            lemon[count] = _pss_mib([q for q in descendants(os.getpid()) if q not in theirs])
+            # This facade's processes only: the kernels, their children and the fork-server
+            # template that forked them (not whatever else this process has running).
+            ours = {*kernels, *(c for k in kernels for c in descendants(k))}
+            ours |= {t for t in (parent_pid(k) for k in kernels) if t != os.getpid()}
+            lemon[count] = _pss_mib(sorted(ours))
+        others = set(descendants(os.getpid())) - ours - {driver.pid, *descendants(driver.pid)}
+        p.report.context("peers_other_children", len(others))
     peer: dict[int, float] = {}
     driver_before = _pss_mib([driver.pid])
     gate = asyncio.Semaphore(2)
