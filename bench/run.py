@@ -73,6 +73,8 @@ from bench.memory import (  # noqa: E402
     tree_rss_mib,
 )
 from bench.peers import file_bridge_rtts, fresh_kernel_call  # noqa: E402
+from bench.peers_figures import PEER_FIGURES, PEER_TARGETS  # noqa: E402
+from bench.peers_group import bench_peers  # noqa: E402
 from bench.scaling import SWEEPS, Grid, run_scaling  # noqa: E402
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope  # noqa: E402
 
@@ -112,6 +114,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "gateway_session_rtt_p50_ms": ("ms", "gateway"),
     "raw_gateway_rtt_p50_ms": ("ms", "gateway"),
     "gateway_session_ratio": ("x", "gateway"),
+    **{name: (unit, "peers") for name, (unit, _step) in PEER_FIGURES.items()},  # issue 31
 }
 
 #: Targets: figure -> (comparison, limit). Issue 17 (round two) tightened issue 5's where it
@@ -133,6 +136,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "sessions64_idle_pss_mb": ("<=", 640.0),
     "sandbox_ratio": ("<=", 1.5),  # issue 15
     "gateway_session_ratio": ("<=", 1.3),  # issue 16
+    **PEER_TARGETS,  # issue 31
 }
 
 GROUPS: tuple[str, ...] = (
@@ -151,6 +155,7 @@ GROUPS: tuple[str, ...] = (
     "fresh_kernel",
     "sandbox",
     "gateway",
+    "peers",
 )
 
 FLOOD_SCRIPT = (
@@ -1072,6 +1077,11 @@ async def bench_gateway_group(ctx: Context) -> None:
     )
 
 
+async def bench_peers_group(ctx: Context) -> None:
+    """The peers figures (bench/peers_group.py): ipybox, a fresh ipykernel, python3 -c."""
+    await bench_peers(ctx.report, ctx.workdir, ctx.interpreter, ctx.plan.quick)
+
+
 BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "per_call": bench_per_call,
     "sustained": bench_sustained,
@@ -1088,11 +1098,16 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "fresh_kernel": bench_fresh_kernel,
     "sandbox": bench_sandbox,
     "gateway": bench_gateway_group,
+    "peers": bench_peers_group,
 }
 
 
 #: Groups that need longer than ``Plan.group_timeout_s`` (64 kernel starts on 2 loaded cores).
-GROUP_TIMEOUT_SCALE: dict[str, float] = {"sessions64": 3.0, "gateway": 2.0}
+GROUP_TIMEOUT_SCALE: dict[str, float] = {
+    "sessions64": 3.0,
+    "gateway": 2.0,
+    "peers": 10.0,  # may first create ipybox's venv (minutes), then starts 20 ipybox executors
+}
 
 
 # -- child processes ------------------------------------------------------------------------------
@@ -1186,7 +1201,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
                 log(f"{group} failed: {message}")
                 for name, (_unit, g) in FIGURES.items():
                     if g == group and name not in report.figures:
-                        report.errors[name] = message
+                        report.errors.setdefault(name, message)  # a group's own reason wins
             log(f"{group} done in {time.monotonic() - t0:.1f} s")
     machine["loadavg_end"] = loadavg()
     out: dict[str, Any] = {
