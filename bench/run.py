@@ -103,6 +103,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "sessions16_cells_per_s": ("cells/s", "sessions16"),
     "per_call_concurrent8_p95_ms": ("ms", "concurrent8"),  # issue 17
     "sessions64_idle_pss_mb": ("MiB", "sessions64"),
+    "sessions128_idle_pss_mb": ("MiB", "sessions64"),  # issue 31
     "raw_fresh_kernel_per_call_ms": ("ms", "fresh_kernel"),
     "per_call_vs_fresh_kernel": ("x", "fresh_kernel"),
     "file_bridge_rtt_ms": ("ms", "helpers"),
@@ -134,6 +135,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "flood_host_rss_growth_mb": ("<=", 64.0),
     "idle_kernel_rss_mb": ("<=", 60.0),
     "sessions64_idle_pss_mb": ("<=", 640.0),
+    "sessions128_idle_pss_mb": ("<=", 768.0),  # issue 31
     "sandbox_ratio": ("<=", 1.5),  # issue 15
     "gateway_session_ratio": ("<=", 1.3),  # issue 16
     **PEER_TARGETS,  # issue 31
@@ -987,41 +989,66 @@ async def start_sessions(
     return list(await asyncio.gather(*(one(s) for s in scopes)))
 
 
+#: The larger count bench_sessions64 grows to after measuring ``Plan.sessions_idle`` (issue 31).
+SESSIONS_IDLE_LARGE = 128
+
+
 async def bench_sessions64(ctx: Context) -> None:
-    """sessions64_idle_pss_mb: total PSS of 64 idle session kernels (each with its children).
+    """sessions64_idle_pss_mb, sessions128_idle_pss_mb: total PSS of 64, then 128, idle
+    session kernels (each with its children).
 
     PSS divides pages shared copy-on-write (with the fork-server template, between the
-    kernels) among their sharers, so the sum is what the 64 kernels cost the machine; the
-    template itself is not counted here (context ``sessions64_template_pss_mb``).
+    kernels) among their sharers, so the sum is what the kernels cost the machine; the
+    template itself is not counted here (context ``sessions64_template_pss_mb``). The first
+    64 are measured, 64 more started beside them, and all 128 measured again.
     """
     plan, report = ctx.plan, ctx.report
-    count = plan.sessions_idle
-    scopes = [ctx.scope(f"bench-s64-{i}") for i in range(count)]
-    config = lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=count)
+    count, large = plan.sessions_idle, max(plan.sessions_idle, SESSIONS_IDLE_LARGE)
+    scopes = [ctx.scope(f"bench-s64-{i}") for i in range(large)]
+    config = lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=large)
     async with ExecuteCode(config) as ec:
         await timed_run(ec, "pass", scopes[0])  # the first start brings up a fork server
         t0 = time.monotonic()
-        pids = await start_sessions(ec, scopes)
+        pids = await start_sessions(ec, scopes[:count])
         report.context("sessions64_start_s", time.monotonic() - t0)
-        if len(set(pids)) != count or ec.snapshot()["live"] != count:
-            raise RuntimeError(f"expected {count} live session kernels: {ec.snapshot()}")
-        await asyncio.sleep(max(2.0, plan.settle_s))  # let them settle into idle
-        # Kernels this process launched itself (cold): the fork server failed or stalled.
-        cold = sum(1 for p in pids if parent_pid(p) == os.getpid())
-        report.context("sessions64_cold_started", cold)
-        pss, uss = pss_uss_of(pids)
-        rss = sum(tree_rss_mib(p)[0] for p in pids)
-        kernels = set(pids)
-        for p in pids:
-            kernels.update(descendants(p))
-        others = [p for p in descendants(os.getpid()) if p not in kernels]
-        other_pss, _ = pss_uss_of_single(others)
-    report.figure("sessions64_idle_pss_mb", pss)
-    report.context("sessions64_kernels", count)
-    report.context("sessions64_pss_per_kernel_mb", pss / count)
-    report.context("sessions64_uss_mb", uss)
-    report.context("sessions64_rss_mb", rss)
-    report.context("sessions64_template_pss_mb", other_pss)
+        idle = await _idle_sessions_memory(ec, pids, plan.settle_s)
+        report.figure("sessions64_idle_pss_mb", idle["pss"])
+        report.context("sessions64_kernels", count)
+        report.context("sessions64_pss_per_kernel_mb", idle["pss"] / count)
+        report.context("sessions64_uss_mb", idle["uss"])
+        report.context("sessions64_rss_mb", idle["rss"])
+        report.context("sessions64_template_pss_mb", idle["template_pss"])
+        report.context("sessions64_cold_started", idle["cold"])
+        if large == count:
+            return
+        t0 = time.monotonic()
+        pids += await start_sessions(ec, scopes[count:])
+        report.context("sessions128_start_s", time.monotonic() - t0)
+        idle = await _idle_sessions_memory(ec, pids, plan.settle_s)
+    report.figure("sessions128_idle_pss_mb", idle["pss"])
+    report.context("sessions128_kernels", large)
+    report.context("sessions128_pss_per_kernel_mb", idle["pss"] / large)
+    report.context("sessions128_uss_mb", idle["uss"])
+    report.context("sessions128_cold_started", idle["cold"])
+
+
+async def _idle_sessions_memory(
+    ec: ExecuteCode, pids: Sequence[int], settle_s: float
+) -> dict[str, float]:
+    """PSS, USS and RSS (MiB) of the session kernels ``pids`` once idle; the template's PSS."""
+    if len(set(pids)) != len(pids) or ec.snapshot()["live"] != len(pids):
+        raise RuntimeError(f"expected {len(pids)} live session kernels: {ec.snapshot()}")
+    await asyncio.sleep(max(2.0, settle_s))  # let them settle into idle
+    # Kernels this process launched itself (cold): the fork server failed or stalled.
+    cold = sum(1 for p in pids if parent_pid(p) == os.getpid())
+    pss, uss = pss_uss_of(pids)
+    rss = sum(tree_rss_mib(p)[0] for p in pids)
+    kernels = set(pids)
+    for p in pids:
+        kernels.update(descendants(p))
+    others = [p for p in descendants(os.getpid()) if p not in kernels]
+    other_pss, _ = pss_uss_of_single(others)
+    return {"pss": pss, "uss": uss, "rss": rss, "template_pss": other_pss, "cold": cold}
 
 
 async def bench_fresh_kernel(ctx: Context) -> None:
