@@ -1162,7 +1162,7 @@ async def run_child(name: str, workdir: Path, plan: Plan, timeout: float = 120) 
                 proc.terminate()  # the child closes its kernels on SIGTERM
             try:
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
@@ -1223,7 +1223,7 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 timeout = plan.group_timeout_s * GROUP_TIMEOUT_SCALE.get(group, 1.0)
                 await asyncio.wait_for(BENCHES[group](ctx), timeout)
-            except (Exception, asyncio.TimeoutError) as exc:
+            except (TimeoutError, Exception) as exc:
                 message = f"{type(exc).__name__}: {exc}"[:500]
                 log(f"{group} failed: {message}")
                 for name, (_unit, g) in FIGURES.items():
