@@ -5,6 +5,7 @@
   on a new notebook, ``async_setup_kernel()`` (start the kernel, start a client,
   ``wait_for_ready``), ``async_execute_cell`` of the code, and leaving the context, which
   shuts the kernel down (nbclient's default graceful shutdown) and cleans up its files.
+- ``python_c``: ``python3 -c "print(1)"`` as a subprocess, output captured.
 - ``FileBridge``: the seed's file-polling helper bridge, minimal but faithful: the script
   writes ``req-<id>.json`` (id, token, tool, params) atomically into an owner-only rpc
   directory and polls for ``res-<id>.json`` every 20 ms; the host's pump sweeps the directory
@@ -218,3 +219,42 @@ async def file_bridge_rtts(
         "errors": bridge.errors,
         "seconds": round(time.monotonic() - t0, 2),
     }
+
+
+async def python_c(interpreter: str, cwd: str, code: str = "print(1)") -> float:
+    """Milliseconds of ``interpreter -c code`` with captured output (which must be ``1``)."""
+    t0 = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        interpreter,
+        "-c",
+        code,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        out, err = await proc.communicate()
+    finally:
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+    elapsed = (time.perf_counter() - t0) * 1000
+    if proc.returncode != 0 or out.strip() != b"1":
+        raise RuntimeError(f"{interpreter} -c failed ({proc.returncode}): {err[-500:]!r}")
+    return elapsed
+
+
+async def pool_settled(ec: Any, spares: int, timeout: float) -> bool:
+    """Wait until ``ec``'s pool holds at least ``spares`` spares and every live kernel is a
+    spare (none starting, running or stopping). Unlike ``common.wait_quiet`` it accepts more
+    spares than asked for: after a burst the pool keeps extra ones for a while."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = ec.snapshot()
+        if snap["spares"] >= spares and snap["kernels_total"] == snap["spares"]:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)

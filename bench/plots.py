@@ -14,8 +14,11 @@ PLOT_FILES: dict[str, str] = {
     "agents_throughput": "scaling-agents-throughput.png",
 }
 
-#: issue 17's bound on 64 idle session kernels, drawn on the memory plot.
-SESSIONS64_PSS_TARGET_MB = 640.0
+#: Sweeps drawn as side-by-side panels (the others: one).
+PANELS: dict[str, int] = {"agents_throughput": 2}
+
+#: Bounds drawn on the memory plot: 64 idle session kernels (issue 17), 128 (issue 31).
+SESSIONS_PSS_TARGETS_MB: dict[int, float] = {64: 640.0, 128: 768.0}
 
 
 def _series(rows: Sequence[dict[str, Any]], key: str) -> dict[str, list[dict[str, Any]]]:
@@ -39,10 +42,12 @@ def write_plots(results: dict[str, Any], directory: Path) -> dict[str, Path]:
         rows = results.get(sweep)
         if not rows:
             continue
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
+        panels = PANELS.get(sweep, 1)
+        fig, axes = plt.subplots(1, panels, figsize=(6.4 * panels, 4.0), dpi=100, squeeze=False)
         try:
-            _DRAW[sweep](ax, rows)
-            ax.grid(True, which="both", alpha=0.3)
+            _DRAW[sweep](axes[0] if panels > 1 else axes[0][0], rows)
+            for ax in axes[0]:
+                ax.grid(True, which="both", alpha=0.3)
             fig.tight_layout()
             path = directory / name
             fig.savefig(path, format="png", metadata={"Software": None})
@@ -78,13 +83,9 @@ def _draw_sessions(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     xs = [r["kernels"] for r in rows]
     ax.plot(xs, [r["pss_mb"] for r in rows], "o-", label="total PSS")
     ax.plot(xs, [r["uss_mb"] for r in rows], "s--", label="total USS")
-    if max(xs) >= 64:
-        ax.axhline(
-            SESSIONS64_PSS_TARGET_MB,
-            color="grey",
-            linestyle=":",
-            label="issue 17 bound at 64 kernels",
-        )
+    for kernels, bound in SESSIONS_PSS_TARGETS_MB.items():
+        if kernels in xs:
+            ax.plot([kernels], [bound], "v", color="grey", label=f"bound at {kernels} kernels")
     ax.set_ylim(bottom=0)
     ax.set_xlabel("live idle session kernels")
     ax.set_ylabel("MiB")
@@ -92,21 +93,27 @@ def _draw_sessions(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
     ax.legend()
 
 
-def _draw_agents(ax: Any, rows: Sequence[dict[str, Any]]) -> None:
+def _draw_agents(axes: Any, rows: Sequence[dict[str, Any]]) -> None:
+    """Runs/s (left) and p95 (right) against callers, lemon_exec beside ``python3 -c``."""
     xs = [r["agents"] for r in rows]
-    ax.plot(xs, [r["runs_per_s"] for r in rows], "o-", color="C0", label="runs/s")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(xs, [str(x) for x in xs])
-    ax.set_xlabel("concurrent agents (back-to-back per-call runs)")
-    ax.set_ylabel("completed runs per second", color="C0")
-    ax.set_title("Throughput against concurrent agents")
-    latency = ax.twinx()
-    latency.plot(xs, [r["p95_ms"] for r in rows], "s--", color="C1", label="p95 latency")
-    latency.set_ylabel("p95 latency (ms)", color="C1")
-    ax.set_ylim(bottom=0)
-    latency.set_ylim(bottom=0)
-    handles = ax.get_legend_handles_labels()[0] + latency.get_legend_handles_labels()[0]
-    ax.legend(handles=handles, loc="upper left")
+    rate, tail = axes
+    both = all("python_runs_per_s" in r for r in rows)
+    rate.plot(xs, [r["runs_per_s"] for r in rows], "o-", label="lemon_exec")
+    tail.plot(xs, [r["p95_ms"] for r in rows], "o-", label="lemon_exec")
+    if both:
+        rate.plot(xs, [r["python_runs_per_s"] for r in rows], "s--", label="python3 -c")
+        tail.plot(xs, [r["python_p95_ms"] for r in rows], "s--", label="python3 -c")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(xs, [str(x) for x in xs])
+        ax.set_xlabel("concurrent callers (closed loop, print(1))")
+        ax.legend()
+    rate.set_ylim(bottom=0)
+    rate.set_ylabel("completed runs per second")
+    rate.set_title("Throughput against concurrent callers")
+    tail.set_yscale("log")
+    tail.set_ylabel("p95 latency (ms)")
+    tail.set_title("p95 latency against concurrent callers")
 
 
 _DRAW = {

@@ -74,6 +74,8 @@ from bench.memory import (  # noqa: E402
     tree_rss_mib,
 )
 from bench.peers import file_bridge_rtts, fresh_kernel_call  # noqa: E402
+from bench.peers_figures import PEER_FIGURES, PEER_TARGETS  # noqa: E402
+from bench.peers_group import bench_peers  # noqa: E402
 from bench.scaling import SWEEPS, Grid, run_scaling  # noqa: E402
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope  # noqa: E402
 
@@ -102,6 +104,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "sessions16_cells_per_s": ("cells/s", "sessions16"),
     "per_call_concurrent8_p95_ms": ("ms", "concurrent8"),  # issue 17
     "sessions64_idle_pss_mb": ("MiB", "sessions64"),
+    "sessions128_idle_pss_mb": ("MiB", "sessions64"),  # issue 31
     "raw_fresh_kernel_per_call_ms": ("ms", "fresh_kernel"),
     "per_call_vs_fresh_kernel": ("x", "fresh_kernel"),
     "file_bridge_rtt_ms": ("ms", "helpers"),
@@ -113,6 +116,7 @@ FIGURES: dict[str, tuple[str, str]] = {
     "gateway_session_rtt_p50_ms": ("ms", "gateway"),
     "raw_gateway_rtt_p50_ms": ("ms", "gateway"),
     "gateway_session_ratio": ("x", "gateway"),
+    **{name: (unit, "peers") for name, (unit, _step) in PEER_FIGURES.items()},  # issue 31
     "aclose_ms": ("ms", "close"),  # issue 31
     "loop_stall_burst8_ms": ("ms", "close"),
 }
@@ -134,8 +138,10 @@ TARGETS: dict[str, tuple[str, float]] = {
     "flood_host_rss_growth_mb": ("<=", 64.0),
     "idle_kernel_rss_mb": ("<=", 60.0),
     "sessions64_idle_pss_mb": ("<=", 640.0),
+    "sessions128_idle_pss_mb": ("<=", 768.0),  # issue 31
     "sandbox_ratio": ("<=", 1.5),  # issue 15
     "gateway_session_ratio": ("<=", 1.3),  # issue 16
+    **PEER_TARGETS,  # issue 31
     "aclose_ms": ("<=", 100.0),  # issue 31
 }
 
@@ -155,6 +161,7 @@ GROUPS: tuple[str, ...] = (
     "fresh_kernel",
     "sandbox",
     "gateway",
+    "peers",
     "close",
 )
 
@@ -987,41 +994,66 @@ async def start_sessions(
     return list(await asyncio.gather(*(one(s) for s in scopes)))
 
 
+#: The larger count bench_sessions64 grows to after measuring ``Plan.sessions_idle`` (issue 31).
+SESSIONS_IDLE_LARGE = 128
+
+
 async def bench_sessions64(ctx: Context) -> None:
-    """sessions64_idle_pss_mb: total PSS of 64 idle session kernels (each with its children).
+    """sessions64_idle_pss_mb, sessions128_idle_pss_mb: total PSS of 64, then 128, idle
+    session kernels (each with its children).
 
     PSS divides pages shared copy-on-write (with the fork-server template, between the
-    kernels) among their sharers, so the sum is what the 64 kernels cost the machine; the
-    template itself is not counted here (context ``sessions64_template_pss_mb``).
+    kernels) among their sharers, so the sum is what the kernels cost the machine; the
+    template itself is not counted here (context ``sessions64_template_pss_mb``). The first
+    64 are measured, 64 more started beside them, and all 128 measured again.
     """
     plan, report = ctx.plan, ctx.report
-    count = plan.sessions_idle
-    scopes = [ctx.scope(f"bench-s64-{i}") for i in range(count)]
-    config = lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=count)
+    count, large = plan.sessions_idle, max(plan.sessions_idle, SESSIONS_IDLE_LARGE)
+    scopes = [ctx.scope(f"bench-s64-{i}") for i in range(large)]
+    config = lemon_config(kernel_mode="session", warm_kernels=0, max_live_kernels=large)
     async with ExecuteCode(config) as ec:
         await timed_run(ec, "pass", scopes[0])  # the first start brings up a fork server
         t0 = time.monotonic()
-        pids = await start_sessions(ec, scopes)
+        pids = await start_sessions(ec, scopes[:count])
         report.context("sessions64_start_s", time.monotonic() - t0)
-        if len(set(pids)) != count or ec.snapshot()["live"] != count:
-            raise RuntimeError(f"expected {count} live session kernels: {ec.snapshot()}")
-        await asyncio.sleep(max(2.0, plan.settle_s))  # let them settle into idle
-        # Kernels this process launched itself (cold): the fork server failed or stalled.
-        cold = sum(1 for p in pids if parent_pid(p) == os.getpid())
-        report.context("sessions64_cold_started", cold)
-        pss, uss = pss_uss_of(pids)
-        rss = sum(tree_rss_mib(p)[0] for p in pids)
-        kernels = set(pids)
-        for p in pids:
-            kernels.update(descendants(p))
-        others = [p for p in descendants(os.getpid()) if p not in kernels]
-        other_pss, _ = pss_uss_of_single(others)
-    report.figure("sessions64_idle_pss_mb", pss)
-    report.context("sessions64_kernels", count)
-    report.context("sessions64_pss_per_kernel_mb", pss / count)
-    report.context("sessions64_uss_mb", uss)
-    report.context("sessions64_rss_mb", rss)
-    report.context("sessions64_template_pss_mb", other_pss)
+        idle = await _idle_sessions_memory(ec, pids, plan.settle_s)
+        report.figure("sessions64_idle_pss_mb", idle["pss"])
+        report.context("sessions64_kernels", count)
+        report.context("sessions64_pss_per_kernel_mb", idle["pss"] / count)
+        report.context("sessions64_uss_mb", idle["uss"])
+        report.context("sessions64_rss_mb", idle["rss"])
+        report.context("sessions64_template_pss_mb", idle["template_pss"])
+        report.context("sessions64_cold_started", idle["cold"])
+        if large == count:
+            return
+        t0 = time.monotonic()
+        pids += await start_sessions(ec, scopes[count:])
+        report.context("sessions128_start_s", time.monotonic() - t0)
+        idle = await _idle_sessions_memory(ec, pids, plan.settle_s)
+    report.figure("sessions128_idle_pss_mb", idle["pss"])
+    report.context("sessions128_kernels", large)
+    report.context("sessions128_pss_per_kernel_mb", idle["pss"] / large)
+    report.context("sessions128_uss_mb", idle["uss"])
+    report.context("sessions128_cold_started", idle["cold"])
+
+
+async def _idle_sessions_memory(
+    ec: ExecuteCode, pids: Sequence[int], settle_s: float
+) -> dict[str, float]:
+    """PSS, USS and RSS (MiB) of the session kernels ``pids`` once idle; the template's PSS."""
+    if len(set(pids)) != len(pids) or ec.snapshot()["live"] != len(pids):
+        raise RuntimeError(f"expected {len(pids)} live session kernels: {ec.snapshot()}")
+    await asyncio.sleep(max(2.0, settle_s))  # let them settle into idle
+    # Kernels this process launched itself (cold): the fork server failed or stalled.
+    cold = sum(1 for p in pids if parent_pid(p) == os.getpid())
+    pss, uss = pss_uss_of(pids)
+    rss = sum(tree_rss_mib(p)[0] for p in pids)
+    kernels = set(pids)
+    for p in pids:
+        kernels.update(descendants(p))
+    others = [p for p in descendants(os.getpid()) if p not in kernels]
+    other_pss, _ = pss_uss_of_single(others)
+    return {"pss": pss, "uss": uss, "rss": rss, "template_pss": other_pss, "cold": cold}
 
 
 async def bench_fresh_kernel(ctx: Context) -> None:
@@ -1077,6 +1109,11 @@ async def bench_gateway_group(ctx: Context) -> None:
     )
 
 
+async def bench_peers_group(ctx: Context) -> None:
+    """The peers figures (bench/peers_group.py): ipybox, a fresh ipykernel, python3 -c."""
+    await bench_peers(ctx.report, ctx.workdir, ctx.interpreter, ctx.plan.quick)
+
+
 BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "per_call": bench_per_call,
     "sustained": bench_sustained,
@@ -1093,12 +1130,17 @@ BENCHES: dict[str, Callable[[Context], Awaitable[None]]] = {
     "fresh_kernel": bench_fresh_kernel,
     "sandbox": bench_sandbox,
     "gateway": bench_gateway_group,
+    "peers": bench_peers_group,
     "close": lambda ctx: bench_close(ctx.report, ctx.plan.quick, ctx.workdir),
 }
 
 
 #: Groups that need longer than ``Plan.group_timeout_s`` (64 kernel starts on 2 loaded cores).
-GROUP_TIMEOUT_SCALE: dict[str, float] = {"sessions64": 3.0, "gateway": 2.0}
+GROUP_TIMEOUT_SCALE: dict[str, float] = {
+    "sessions64": 3.0,
+    "gateway": 2.0,
+    "peers": 10.0,  # may first create ipybox's venv (minutes), then starts 20 ipybox executors
+}
 
 
 # -- child processes ------------------------------------------------------------------------------
@@ -1126,7 +1168,7 @@ async def run_child(name: str, workdir: Path, plan: Plan, timeout: float = 120) 
                 proc.terminate()  # the child closes its kernels on SIGTERM
             try:
                 await asyncio.wait_for(proc.wait(), 10)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 with contextlib.suppress(ProcessLookupError):
                     proc.kill()
                 await proc.wait()
@@ -1187,12 +1229,12 @@ async def amain(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 timeout = plan.group_timeout_s * GROUP_TIMEOUT_SCALE.get(group, 1.0)
                 await asyncio.wait_for(BENCHES[group](ctx), timeout)
-            except (Exception, asyncio.TimeoutError) as exc:
+            except (TimeoutError, Exception) as exc:
                 message = f"{type(exc).__name__}: {exc}"[:500]
                 log(f"{group} failed: {message}")
                 for name, (_unit, g) in FIGURES.items():
                     if g == group and name not in report.figures:
-                        report.errors[name] = message
+                        report.errors.setdefault(name, message)  # a group's own reason wins
             log(f"{group} done in {time.monotonic() - t0:.1f} s")
     machine["loadavg_end"] = loadavg()
     out: dict[str, Any] = {

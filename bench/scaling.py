@@ -13,16 +13,21 @@ Four sweeps, each on its own ``ExecuteCode`` facade:
 - ``sessions_memory``: total PSS of N live idle session kernels (each with its children),
   grown one step at a time on one facade;
 - ``agents_throughput``: N agents (asyncio tasks) on one per-call facade with the default
-  config, each running ``print(1)`` back to back; completed runs per second and latency.
+  config, each running ``print(1)`` back to back (a closed loop); completed runs per second
+  and latency, beside N callers running ``python3 -c "print(1)"`` subprocesses back to back,
+  in alternating segments of the same run;
+- ``peers``: the benchmark's ``peers`` group (bench/peers_group.py: ipybox, a fresh
+  ipykernel per call, ``python3 -c``), so that one command writes every table of the page.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,7 @@ from typing import Any
 from bench.common import (
     MIB,
     TRIVIAL_SCRIPT,
+    Report,
     lemon_config,
     log,
     percentile,
@@ -37,6 +43,8 @@ from bench.common import (
     wait_quiet,
 )
 from bench.memory import descendants, pss_uss_of, pss_uss_of_single, tree_rss_mib
+from bench.peers import pool_settled, python_c
+from bench.peers_group import PeersFailed, bench_peers
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 
 KB = 1000
@@ -56,20 +64,25 @@ class Grid:
     session_settle_s: float
     agent_counts: tuple[int, ...]
     agent_seconds: float
+    agent_rounds: int
+    peers: bool
 
     @classmethod
     def make(cls, kind: str) -> Grid:
         sizes = (1 * KB, 10 * KB, 100 * KB, 1 * MB, 10 * MB, 100 * MB)
         if kind == "smoke":  # the test suite's: every code path, a few seconds
-            return cls(kind, (1 * KB, 10 * KB), 1, (1, 10), 1, (1, 2), 0.2, (1, 2), 0.5)
+            return cls(
+                kind, (1 * KB, 10 * KB), 1, (1, 10), 1, (1, 2), 0.2, (1, 2), 0.5, 1, False
+            )  # fmt: skip
         if kind == "quick":
             return cls(
                 kind, sizes, 1, (1, 10, 100, 1000), 1, (1, 2, 4, 8, 16, 32, 64), 0.7,
-                (1, 2, 4, 8, 16), 3.0,
+                (1, 4, 16, 64), 3.0, 1, True,
             )  # fmt: skip
+        # Issue 31's points: 1, 4, 16, 64 callers; 16, 64, 128 sessions (and the steps between).
         return cls(
-            "full", sizes, 3, (1, 10, 100, 1000), 3, (1, 2, 4, 8, 16, 32, 64), 2.0,
-            (1, 2, 4, 8, 16), 10.0,
+            "full", sizes, 3, (1, 10, 100, 1000), 3, (1, 2, 4, 8, 16, 32, 64, 128), 2.0,
+            (1, 4, 16, 64), 10.0, 2, True,
         )  # fmt: skip
 
 
@@ -238,43 +251,101 @@ async def sweep_sessions_memory(grid: Grid, workdir: Path) -> list[dict[str, Any
 async def sweep_agents(grid: Grid, workdir: Path) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for agents in grid.agent_counts:
-        rows.append(await _agents_point(agents, grid.agent_seconds, workdir))
-        log(f"scaling agents {agents:>2}: {rows[-1]['runs_per_s']} runs/s")
+        rows.append(await _agents_point(agents, grid, workdir))
+        log(f"scaling agents {agents:>2}: {rows[-1]['runs_per_s']} runs/s, "
+            f"python3 -c {rows[-1]['python_runs_per_s']} runs/s")  # fmt: skip
     return rows
 
 
-async def _agents_point(agents: int, seconds: float, workdir: Path) -> dict[str, Any]:
-    """``agents`` tasks running per-call runs back to back for ``seconds`` on a fresh facade."""
+async def _closed_loop(
+    callers: int, seconds: float, run: Callable[[int], Awaitable[float]]
+) -> tuple[list[float], float]:
+    """``callers`` tasks calling ``run(i)`` back to back for ``seconds``: samples and wall."""
+    samples: list[float] = []
+    start = time.monotonic()
+    end = start + seconds
+
+    async def caller(i: int) -> None:
+        while time.monotonic() < end:
+            samples.append(await run(i))
+
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    return samples, time.monotonic() - start
+
+
+async def _agents_point(agents: int, grid: Grid, workdir: Path) -> dict[str, Any]:
+    """``agents`` callers on a fresh per-call facade, in ``agent_rounds`` rounds each of a
+    lemon_exec segment and a ``python3 -c`` segment (which goes first alternates)."""
     # The default config (warm_kernels, max_concurrent_per_call): a runtime's facade.
     config = ExecuteCodeConfig(enabled=True, timeout_ms=60_000, kernel_mode="per_call")
-    samples: list[float] = []
+    interpreter = config.resolve_python()
+    segment = grid.agent_seconds / grid.agent_rounds
+    lemon: list[float] = []
+    python: list[float] = []
+    walls = {"lemon": 0.0, "python": 0.0}
     async with ExecuteCode(config) as ec:
+        scopes = [
+            SessionScope(f"bench-scale-agent-{i}", "bench", str(workdir)) for i in range(agents)
+        ]
         await timed_run(ec, TRIVIAL_SCRIPT, SessionScope("warm", "bench", str(workdir)))
-        await wait_quiet(ec, config.warm_kernels, 30)
-        start = time.monotonic()
-        end = start + seconds
 
-        async def agent(i: int) -> None:
-            scope = SessionScope(f"bench-scale-agent-{i}", "bench", str(workdir))
-            while time.monotonic() < end:
-                samples.append((await timed_run(ec, TRIVIAL_SCRIPT, scope))[0])
+        async def lemon_run(i: int) -> float:
+            return (await timed_run(ec, TRIVIAL_SCRIPT, scopes[i]))[0]
 
-        await asyncio.gather(*(agent(i) for i in range(agents)))
-        wall = time.monotonic() - start
+        async def python_run(i: int) -> float:
+            return await python_c(interpreter, str(workdir))
+
+        async def lemon_segment() -> None:
+            await pool_settled(ec, config.warm_kernels, 30)
+            samples, wall = await _closed_loop(agents, segment, lemon_run)
+            lemon.extend(samples)
+            walls["lemon"] += wall
+
+        async def python_segment() -> None:
+            await pool_settled(ec, config.warm_kernels, 30)  # lemon_exec's cleanup is over
+            samples, wall = await _closed_loop(agents, segment, python_run)
+            python.extend(samples)
+            walls["python"] += wall
+
+        for i in range(grid.agent_rounds):
+            first, second = (
+                (lemon_segment, python_segment) if i % 2 == 0 else (python_segment, lemon_segment)
+            )
+            await first()
+            await second()
     return {
         "agents": agents,
-        "runs_per_s": round(len(samples) / wall, 2),
-        "p50_ms": round(percentile(samples, 50), 1),
-        "p95_ms": round(percentile(samples, 95), 1),
-        "n": len(samples),
+        "runs_per_s": round(len(lemon) / walls["lemon"], 2),
+        "p50_ms": round(percentile(lemon, 50), 1),
+        "p95_ms": round(percentile(lemon, 95), 1),
+        "n": len(lemon),
+        "python_runs_per_s": round(len(python) / walls["python"], 2),
+        "python_p50_ms": round(percentile(python, 50), 1),
+        "python_p95_ms": round(percentile(python, 95), 1),
+        "python_n": len(python),
     }
 
 
-SWEEPS = {
+async def sweep_peers(grid: Grid, workdir: Path) -> dict[str, Any]:
+    """The benchmark's peers group; a comparison it could not make is under ``errors``."""
+    report = Report()
+    interpreter = lemon_config().resolve_python()
+    with contextlib.suppress(PeersFailed):  # the reasons are in report.errors
+        await bench_peers(report, workdir, interpreter, quick=grid.kind != "full")
+    return {
+        "figures": report.figures,
+        "stats": report.stats,
+        "extra": report.extra,
+        "errors": report.errors,
+    }
+
+
+SWEEPS: dict[str, Callable[[Grid, Path], Awaitable[Any]]] = {
     "output_size": sweep_output_size,
     "helper_calls": sweep_helper_calls,
     "sessions_memory": sweep_sessions_memory,
     "agents_throughput": sweep_agents,
+    "peers": sweep_peers,
 }
 
 
@@ -284,12 +355,16 @@ async def run_scaling(
     """Every sweep (or ``only`` these) in order; a failed sweep is recorded, not raised."""
     results: dict[str, Any] = {"grid": grid.kind, "errors": {}}
     for name, sweep in SWEEPS.items():
-        if only and name not in only:
+        if (only and name not in only) or (name == "peers" and not grid.peers):
             continue
         t0 = time.monotonic()
         log(f"scaling {name} ...")
         try:
-            results[name] = await sweep(grid, workdir)
+            results[name] = out = await sweep(grid, workdir)
+            if isinstance(out, dict) and out.get("errors"):
+                results["errors"][name] = "; ".join(f"{k}: {v}" for k, v in out["errors"].items())[
+                    :2000
+                ]
         except Exception as exc:
             results["errors"][name] = f"{type(exc).__name__}: {exc}"[:500]
             log(f"scaling {name} failed: {results['errors'][name]}")

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.peers_figures import PEER_FIGURES, PEER_ROWS, PEER_TARGETS
+
 BEGIN = "<!-- scaling:begin (written by python bench/run.py --scaling; edits here are lost) -->"
 END = "<!-- scaling:end -->"
 
@@ -51,14 +53,18 @@ TABLES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
     "agents_throughput": (
         "Throughput against concurrent agents",
         (
-            ("agents", "agents"),
-            ("runs_per_s", "runs/s"),
-            ("p50_ms", "p50 ms"),
-            ("p95_ms", "p95 ms"),
-            ("n", "runs"),
+            ("agents", "callers (closed loop, `print(1)`)"),
+            ("runs_per_s", "lemon_exec runs/s"),
+            ("python_runs_per_s", "`python3 -c` runs/s"),
+            ("p50_ms", "lemon p50 ms"),
+            ("p95_ms", "lemon p95 ms"),
+            ("python_p95_ms", "`python3 -c` p95 ms"),
+            ("n", "lemon runs"),
         ),
     ),
 }
+
+PEERS_TITLE = "Peers"
 
 
 def _cell(key: str, value: Any) -> str:
@@ -113,7 +119,77 @@ def scaling_markdown(
         elif sweep in results.get("errors", {}):
             parts.append(f"{hashes} {title}")
             parts.append(f"Not measured: {results['errors'][sweep]}")
+    if "peers" in results:
+        parts.append(f"{hashes} {PEERS_TITLE}")
+        parts.append(peers_markdown(results["peers"]))
+    elif "peers" in results.get("errors", {}):
+        parts.append(f"{hashes} {PEERS_TITLE}")
+        parts.append(f"Not measured: {results['errors']['peers']}")
     return "\n\n".join(parts)
+
+
+def _measured(peers: dict[str, Any], name: str) -> str:
+    """``p50 unit (p90 …)`` of one figure, or why it is missing."""
+    value = peers.get("figures", {}).get(name)
+    if value is None:
+        return "not measured"
+    unit = PEER_FIGURES[name][0]
+    p90 = peers.get("stats", {}).get(name, {}).get("p90")
+    return f"{_fmt(value)} {unit}" + (f" (p90 {_fmt(p90)})" if p90 is not None else "")
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:,.0f}"
+
+
+def _ratio(peers: dict[str, Any], name: str) -> tuple[str, str, str]:
+    """The ratio cell (with its verdict), its spread and its target."""
+    value = peers.get("figures", {}).get(name)
+    spread = peers.get("stats", {}).get(name, {})
+    target = PEER_TARGETS.get(name)
+    cell = "not measured" if value is None else f"{_fmt(value)}x"
+    if target and value is not None:
+        ok = value <= target[1] if target[0] == "<=" else value >= target[1]
+        cell += " (pass)" if ok else " (miss)"
+    spread_cell = ""
+    if spread.get("n"):
+        spread_cell = (
+            f"{_fmt(spread['p90'])}; {_fmt(spread['min'])}..{_fmt(spread['max'])} (n={spread['n']})"
+        )
+    return cell, spread_cell, f"{target[0]} {target[1]:g}x" if target else ""
+
+
+def peers_markdown(peers: dict[str, Any]) -> str:
+    """The peer table: each comparison's two sides, their ratio and its spread."""
+    lines = [
+        "| peer | measure | lemon_exec p50 | peer p50 | ratio (lemon_exec / peer) | "
+        "ratio spread: p90; min..max | target |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for peer, what, ours, theirs, ratio in PEER_ROWS:
+        cells = (
+            peer,
+            what,
+            _measured(peers, ours),
+            _measured(peers, theirs),
+            *_ratio(peers, ratio),
+        )
+        lines.append("| " + " | ".join(cells) + " |")
+    reasons = sorted(set(peers.get("errors", {}).values()))
+    if reasons:
+        lines += ["", "Not measured: " + "; ".join(reasons)]
+    extra = peers.get("extra", {})
+    info = extra.get("peers_ipybox")
+    if isinstance(info, dict):
+        lines += [
+            "",
+            f"ipybox {info.get('ipybox', '?')} (jupyter-kernel-gateway "
+            f"{info.get('jupyter_kernel_gateway', '?')}, mcp {info.get('mcp', '?')}), in its "
+            f"own venv; it lost the output of {extra.get('peers_ipybox_output_lost', '?')} of "
+            f"{peers.get('stats', {}).get('peers_ipybox_session_rtt_ms', {}).get('n', '?')} "
+            "session round trips (a stream message after its `execute_reply`).",
+        ]
+    return "\n".join(lines)
 
 
 def replace_block(page: str, block: str) -> str:

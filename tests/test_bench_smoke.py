@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,8 @@ if str(REPO) not in sys.path:  # bench/ is a package beside tests/, not installe
     sys.path.insert(0, str(REPO))
 
 from bench.peers import FileBridge, file_bridge_rtts  # noqa: E402
+from bench.peers_figures import PEER_FIGURES, PEER_ROWS  # noqa: E402
+from bench.peers_ipybox import VENV_ENV, PeerUnavailable, ensure_venv  # noqa: E402
 from bench.plots import PLOT_FILES, write_plots  # noqa: E402
 from bench.scaling_docs import BEGIN, END, replace_block, scaling_markdown, write_docs  # noqa: E402
 
@@ -92,6 +95,7 @@ def test_quick_json_subset(leak_watch: Any) -> None:
 ISSUE17 = {
     "per_call_concurrent8_p95_ms": "target <= 30",
     "sessions64_idle_pss_mb": "target <= 640",
+    "sessions128_idle_pss_mb": "target <= 768",  # issue 31
     "raw_fresh_kernel_per_call_ms": "",
     "per_call_vs_fresh_kernel": "",
     "file_bridge_rtt_ms": "",
@@ -137,10 +141,125 @@ FAKE: dict[str, Any] = {
         for k in (1, 2, 64)
     ],
     "agents_throughput": [
-        {"agents": a, "runs_per_s": 8.0 * a, "p50_ms": 12.0, "p95_ms": 30.0, "n": 80 * a}
-        for a in (1, 2, 16)
+        {
+            "agents": a,
+            "runs_per_s": 8.0 * a,
+            "p50_ms": 12.0,
+            "p95_ms": 30.0,
+            "n": 80 * a,
+            "python_runs_per_s": 9.5 * a,
+            "python_p50_ms": 11.0,
+            "python_p95_ms": 41.5,
+            "python_n": 95 * a,
+        }
+        for a in (1, 4, 16, 64)
     ],
+    # The peers group's report: measured, a missed target, and a peer that was not there.
+    "peers": {
+        "figures": {
+            "peers_session_rtt_ms": 4.5,
+            "peers_ipybox_session_rtt_ms": 51.8,
+            "peers_session_vs_ipybox": 0.087,
+            "peers_mcp_call_ms": 4.0,
+            "peers_ipybox_mcp_call_ms": 7.6,
+            "peers_mcp_vs_ipybox": 0.526,
+            "peers_per_call_ms": 6.8,
+            "peers_python_c_ms": 18.3,
+            "peers_per_call_vs_python_c": 0.372,
+        },
+        "stats": {
+            "peers_session_vs_ipybox": {
+                "p50": 0.09,
+                "p90": 0.12,
+                "min": 0.05,
+                "max": 0.3,
+                "n": 200,
+            },
+            "peers_ipybox_session_rtt_ms": {
+                "p50": 51.8,
+                "p90": 60.1,
+                "min": 40,
+                "max": 90,
+                "n": 200,
+            },
+        },
+        "extra": {"peers_ipybox": {"ipybox": "0.9.2"}, "peers_ipybox_output_lost": 7},
+        "errors": {"peers_idle1_pss_mb": "PeerUnavailable: no venv here"},
+    },
 }
+
+
+def test_peers_table_shows_ratios_spreads_targets_and_misses() -> None:
+    block = scaling_markdown(FAKE)
+    peers = block.split("### Peers", 1)[1]
+    assert "| ipybox 0.9 | session round trip, `print(1)` | 4.5 ms | 51.8 ms (p90 60.1) |" in peers
+    assert "| 0.087x (pass) | 0.12; 0.05..0.3 (n=200) | <= 0.1x |" in peers
+    assert "| 0.526x (miss) |" in peers  # the MCP call's target is 0.5
+    assert "| idle PSS, 1 session | not measured | not measured | not measured |" in peers
+    assert "Not measured: PeerUnavailable: no venv here" in peers
+    assert "lost the output of 7 of 200 session round trips" in peers
+    assert peers.count("\n| ") == 2 + len(PEER_ROWS)  # header, separator, one row each
+    assert "| 64 | 512.0 | 608.0 | 12.0 | 30.0 | 41.5 |" in block  # callers beside python3 -c
+    failed = {**FAKE, "errors": {"peers": "boom"}}
+    del failed["peers"]
+    assert "### Peers\n\nNot measured: boom" in scaling_markdown(failed)
+
+
+def test_ipybox_venv_named_but_missing_is_an_error_not_an_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    missing = tmp_path / "no-such-venv"
+    monkeypatch.setenv(VENV_ENV, str(missing))
+    with pytest.raises(PeerUnavailable, match="ipybox is not installed") as raised:
+        ensure_venv()
+    assert str(missing) in str(raised.value) and "pip install 'ipybox>=0.9,<0.10'" in str(
+        raised.value
+    )
+    assert not missing.exists()  # a venv named by the variable is never created
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+@pytest.mark.kernel
+def test_peers_group_reports_a_missing_ipybox(tmp_path: Path, leak_watch: Any) -> None:
+    """The cheap peers (python3 -c, a fresh ipykernel) are measured; ipybox, pointed at a venv
+    that does not exist, is reported figure by figure with the reason, and the run fails."""
+    env = {**os.environ, VENV_ENV: str(tmp_path / "missing-venv")}
+    proc = subprocess.Popen(
+        [sys.executable, str(BENCH), "--quick", "--json", "--only", "peers"],
+        cwd=REPO,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    leak_watch.add_pid(proc.pid)
+    try:
+        out, err = proc.communicate(timeout=140)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, (
+        f"expected a failed measurement ({proc.returncode}):\n{err[-3000:]}"
+    )
+    data = json.loads(out)
+    assert data["run"]["groups"] == ["peers"]
+    measured = ("peers_per_call_ms", "peers_python_c_ms", "peers_per_call_vs_python_c",
+                "peers_fresh_kernel_ms", "peers_per_call_vs_fresh_kernel")  # fmt: skip
+    for name in measured:
+        assert _is_number(data[name]), f"{name}: {data[name]!r} ({data['errors'].get(name)})"
+    ratio = data["stats"]["peers_per_call_vs_python_c"]
+    assert ratio["n"] == 6 and ratio["min"] <= ratio["p50"] <= ratio["max"]
+    ipybox = [n for n in PEER_FIGURES if n not in measured]
+    assert len(ipybox) == 15
+    for name in ipybox:
+        assert data[name] is None
+        assert "ipybox is not installed" in data["errors"][name], data["errors"][name]
+    assert set(data["errors"]) == set(ipybox)
+    assert data["targets"]["peers_session_vs_ipybox"] == {"op": "<=", "value": 0.1, "pass": None}
+    assert data["targets"]["peers_mcp_vs_ipybox"]["value"] == 0.5
 
 
 def test_list_names_issue17_figures_and_targets() -> None:
@@ -274,7 +393,9 @@ def test_scaling_smoke_writes_tables_and_plots(tmp_path: Path, leak_watch: Any) 
     assert [r["kernels"] for r in data["sessions_memory"]] == [1, 2]
     assert all(_is_number(r["pss_mb"]) and r["pss_mb"] > 0 for r in data["sessions_memory"])
     assert [r["agents"] for r in data["agents_throughput"]] == [1, 2]
-    assert all(r["n"] > 0 for r in data["agents_throughput"])
+    assert all(r["n"] > 0 and r["python_n"] > 0 for r in data["agents_throughput"])
+    assert all(_is_number(r["python_p95_ms"]) for r in data["agents_throughput"])
+    assert "peers" not in data  # the smoke grid leaves the peers out (the test above has them)
     text = page.read_text()
     assert text.count(BEGIN) == 1 and "Throughput against concurrent agents" in text
     for name in PLOT_FILES.values():

@@ -45,6 +45,7 @@ DEFAULTS = {
     "max_queued_cells_per_kernel": 8,
     "warm_kernels": 1,
     "fork_server": True,
+    "gc_freeze": True,
     "max_concurrent_per_call": 0,
     "max_queued_per_call": 64,
     "max_job_ms": 3_600_000,
@@ -115,13 +116,13 @@ def test_to_dict_has_the_spec_keys_plus_extras() -> None:
     keys = list(ExecuteCodeConfig().to_dict())
     assert keys == list(SETTING_KEYS)
     # the spec's 13, max_images, max_image_bytes, max_image_edge, max_parallel_mcp,
-    # warm_kernels, fork_server, max_concurrent_per_call, max_queued_per_call,
+    # warm_kernels, fork_server, gc_freeze, max_concurrent_per_call, max_queued_per_call,
     # max_job_ms, job_result_ttl_ms, max_finished_jobs,
     # max_spill_bytes, kernel_memory_mb, kernel_max_processes, kernel_max_open_files,
     # sandbox, sandbox_cwd, sandbox_hidden, sandbox_visible, sandbox_env_hidden,
     # sandbox_env_allowed, sandbox_network, gateway_url, gateway_auth_token,
     # gateway_kernel_name
-    assert len(keys) == 38
+    assert len(keys) == 39
 
 
 def test_startup_timeout_is_not_a_setting() -> None:
@@ -215,6 +216,7 @@ def test_every_env_variable_is_read() -> None:
         "LEMON_EXECUTE_CODE_MAX_QUEUED_CELLS_PER_KERNEL": "19",
         "LEMON_EXECUTE_CODE_WARM_KERNELS": "2",
         "LEMON_EXECUTE_CODE_FORK_SERVER": "off",
+        "LEMON_EXECUTE_CODE_GC_FREEZE": "false",
         "LEMON_EXECUTE_CODE_MAX_CONCURRENT_PER_CALL": "20",
         "LEMON_EXECUTE_CODE_MAX_QUEUED_PER_CALL": "21",
         "LEMON_EXECUTE_CODE_MAX_SPILL_BYTES": "22",
@@ -258,6 +260,7 @@ def test_every_env_variable_is_read() -> None:
         "max_queued_cells_per_kernel": 19,
         "warm_kernels": 2,
         "fork_server": False,
+        "gc_freeze": False,
         "max_concurrent_per_call": 20,
         "max_queued_per_call": 21,
         "max_job_ms": 26,

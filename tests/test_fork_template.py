@@ -60,6 +60,44 @@ def test_filling_the_heap_leaves_new_allocations_to_its_top() -> None:
     assert info["fresh_from_top"]  # not in a hole
 
 
+POOLS_PROBE = """
+import json
+from lemon_exec.template import pools
+kept, freed = [], []
+for i in range(6000):  # holes in many pools of several size classes
+    size = 40 + (i % 12) * 32
+    kept.append(bytes(size))
+    freed.append(bytes(size))
+del freed
+before = pools.free_blocks()
+held = pools.fill_partial_pools()
+after = pools.free_blocks()
+print(json.dumps({"held": held, "before": before, "after": after}))
+"""
+
+#: pymalloc's pool size on 64-bit CPython 3.10+ (the statistics give blocks, not pools).
+POOL_BYTES = 16 << 10
+
+
+def test_filling_the_object_pools_leaves_only_fresh_pools_with_free_blocks() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", POOLS_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    info = json.loads(out.stdout)
+    before = {int(k): v for k, v in info["before"].items()}
+    after = {int(k): v for k, v in info["after"].items()}
+    assert set(before) == set(after) and len(before) == 32  # pymalloc's 32 size classes
+    # The probe's holes: for its sizes, far more free blocks than one pool holds.
+    holed = [size for size in before if before[size] > 2 * POOL_BYTES // size]
+    assert len(holed) >= 8
+    # Every hole is filled (a class's newest pool may have been left as it was).
+    assert info["held"] >= sum(before[size] - POOL_BYTES // size for size in holed)
+    for size in holed:
+        # At most the newest pool's untouched blocks (the fill's own last pool) remain.
+        assert after[size] <= POOL_BYTES // size, (size, before[size], after[size])
+
+
 ENV_PROBE = """
 import json, os, subprocess
 from lemon_exec.template.server import _set_environ

@@ -169,6 +169,14 @@ class ExecuteCodeConfig(Configurable):
         "a new process launched by jupyter_client.",
     ).tag(config=True, convert=coerce_bool)
 
+    gc_freeze = BoolSetting(
+        True,
+        help="After the host's first call, move the objects its process holds then out of "
+        "the garbage collector's reach (gc.freeze()), so that full collections, tens of ms "
+        "with jupyter_client and zmq loaded, no longer stall the calls in flight. A cycle "
+        "among those objects that becomes garbage later is never freed. Once per process.",
+    ).tag(config=True, convert=coerce_bool)
+
     max_concurrent_per_call = IntSetting(
         0,
         help="Most per-call runs (kernels) at once; further calls wait in a bounded queue. "

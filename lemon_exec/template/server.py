@@ -9,7 +9,8 @@ kernel application with the request's arguments; nothing is shared after the for
 
 A kernel's memory is mostly template pages it writes to (reference counts, allocations in
 the template's free memory): the template freezes its objects out of the collector's reach,
-fills its C heap's holes (:mod:`lemon_exec.template.heap`) and empties the type attribute
+fills its object allocator's and its C heap's holes (:mod:`lemon_exec.template.pools`,
+:mod:`lemon_exec.template.heap`) and empties the type attribute
 cache before each fork, so that a kernel copies as few of its pages as it can.
 
 Protocol on the inherited Unix socket (fd given by ``--fd``), JSON lines:
@@ -85,10 +86,12 @@ def main() -> None:
     # The shell every kernel would build the same way: built once here (kernel/prebuilt.py).
     importlib.import_module("lemon_exec.kernel.app").build_prebuilt()
     heap = importlib.import_module("lemon_exec.template.heap")
+    pools = importlib.import_module("lemon_exec.template.pools")
 
     # Move everything imported so far out of the collector's reach: a child's garbage
     # collections would otherwise touch every object header and copy most of the shared heap.
     gc.collect()
+    pools.fill_partial_pools()  # after the collection's holes: a kernel's objects, fresh pools
     gc.freeze()
     heap.fill_free_chunks()  # last: a kernel's mallocs then land on fresh pages
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # only the host stops the template
@@ -287,6 +290,8 @@ def _child(
     request: dict[str, Any], stderr_fd: int | None, sock: socket.socket, template: int
 ) -> None:
     code = 1
+    if os.environ.get("LEMON_NOGC"):  # DIAG-HACK
+        gc.disable()
     try:
         sock.close()
         os.setsid()  # its own process group: the host signals the kernel and its children

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import ConfigError, RefusedError
 from lemon_exec.host.kernels.engine import Engine
+from lemon_exec.host.run import heap
 from lemon_exec.host.run.calls import Call, CallArgs, base_details, prepare
 from lemon_exec.host.run.in_session import SessionRuns
 from lemon_exec.host.run.jobs import JobRun, JobTable
@@ -129,7 +130,10 @@ class Runner:
     async def run(self, args: CallArgs, owner: Owner | None = None) -> ExecuteCodeResult:
         """Run one call (``owner``: the session owner handle it came through, if any)."""
         entered = time.monotonic()
-        return finish(await self._run(args, owner, entered), entered, self.telemetry)
+        result = finish(await self._run(args, owner, entered), entered, self.telemetry)
+        if self.config.gc_freeze:
+            heap.freeze_once()  # after the first call, all it imported is frozen too
+        return result
 
     async def _run(self, args: CallArgs, owner: Owner | None, entered: float) -> ExecuteCodeResult:
         if owner is not None and owner.closed:

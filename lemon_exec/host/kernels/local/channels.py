@@ -26,10 +26,10 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from jupyter_client.asynchronous.client import AsyncKernelClient
 
 from lemon_exec.host.kernels.backend import MessageSink, drop_note, execute_request_content
 from lemon_exec.host.kernels.local.link_end import LinkEnd
+from lemon_exec.host.kernels.local.sockets import KernelSockets
 from lemon_exec.wire import jupyter_messages, protocol
 from lemon_exec.wire.limits import MAX_MESSAGE_BYTES
 from lemon_exec.wire.zmq_frames import NOBLOCK, recv_frames
@@ -52,13 +52,13 @@ class KernelChannels:
 
     def __init__(
         self,
-        kc: AsyncKernelClient,
+        sockets: KernelSockets,
         link: LinkEnd,
         *,
         kernel_id: str,
         is_alive: Callable[[], Awaitable[bool]],
     ) -> None:
-        self._kc = kc
+        self._sockets = sockets
         #: The host link: IOPub in, bridge replies out.
         self._link = link
         self._kernel_id = kernel_id
@@ -82,7 +82,7 @@ class KernelChannels:
 
     def start(self) -> None:
         """Start reading: the host link (IOPub), shell and control, and their watchers."""
-        session = self._kc.session
+        session = self._sockets.session
         self._readers.append(
             asyncio.create_task(
                 self._link.serve(
@@ -93,8 +93,8 @@ class KernelChannels:
             )
         )
         channels = (
-            ("shell", self._kc.shell_channel.socket, self._route_reply),
-            ("control", self._kc.control_channel.socket, _ignore),
+            ("shell", self._sockets.shell, self._route_reply),
+            ("control", self._sockets.control, _ignore),
         )
         for name, socket, route in channels:
             self._readers.append(asyncio.create_task(self._read(name, socket, route)))
@@ -120,7 +120,7 @@ class KernelChannels:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._close_monitors()
-        self._kc.stop_channels()
+        self._sockets.close()
         self._link.close()
 
     def close_sync(self) -> None:
@@ -131,12 +131,12 @@ class KernelChannels:
 
     def execute(self, code: str, metadata: dict[str, Any], sink: MessageSink) -> str:
         """Send an execute_request whose outputs go to ``sink``; returns its msg_id."""
-        msg = self._kc.session.msg(
+        msg = self._sockets.session.msg(
             "execute_request", execute_request_content(code), metadata=metadata
         )
         msg_id: str = msg["header"]["msg_id"]
         self._sinks[msg_id] = sink
-        self._kc.shell_channel.send(msg)
+        self._sockets.send(self._sockets.shell, msg)
         return msg_id
 
     def release(self, msg_id: str) -> None:
@@ -144,8 +144,8 @@ class KernelChannels:
         self._sinks.pop(msg_id, None)
 
     def send_shell(self, msg_type: str, content: dict[str, Any]) -> str:
-        msg = self._kc.session.msg(msg_type, content)
-        self._kc.shell_channel.send(msg)
+        msg = self._sockets.session.msg(msg_type, content)
+        self._sockets.send(self._sockets.shell, msg)
         msg_id: str = msg["header"]["msg_id"]
         return msg_id
 
@@ -153,12 +153,12 @@ class KernelChannels:
         """Send a bridge reply on the host link, else on control (docs/comm-protocol.md)."""
         if self.closed:
             return
-        session = self._kc.session
+        session = self._sockets.session
         if self._link.connected:
             packed = json.dumps(content).encode("ascii")  # ASCII: any str the tool returned
             self._link.send(jupyter_messages.pack_signed(session, protocol.REPLY_MSG_TYPE, packed))
             return
-        self._kc.control_channel.send(session.msg(protocol.REPLY_MSG_TYPE, content))
+        self._sockets.send(self._sockets.control, session.msg(protocol.REPLY_MSG_TYPE, content))
 
     def _link_ended(self, problem: str | None) -> None:
         """The kernel's link closed: its exit, unless the kernel lives on without it."""
@@ -186,7 +186,7 @@ class KernelChannels:
         # its descriptor is readable: no future, timer or reader registration per message
         # (pyzmq's awaitable recv makes each), which was a measurable part of a helper's
         # round trip and of text() throughput.
-        session = self._kc.session
+        session = self._sockets.session
         plain: zmq.Socket[bytes] = zmq.Socket.shadow(socket.underlying)
         loop = asyncio.get_running_loop()
         readable = asyncio.Event()
@@ -279,11 +279,8 @@ class KernelChannels:
                 log.exception("error reporting a protocol fault")
 
     def _close_monitors(self) -> None:
-        sockets = [
-            getattr(c, "socket", None) for c in (self._kc.shell_channel, self._kc.control_channel)
-        ]
-        for socket in sockets:
-            if socket is not None and not socket.closed:
+        for socket in (self._sockets.shell, self._sockets.control):
+            if not socket.closed:
                 with contextlib.suppress(zmq.ZMQError):
                     socket.disable_monitor()
         for monitor in self._monitors:

@@ -1,8 +1,8 @@
 """ManagedKernel: one lemon-python kernel process, its start, signals and end.
 
-Started through jupyter_client (AsyncKernelManager + AsyncKernelClient) with the ipc transport
-and its connection file in the host's private 0700 runtime directory (or forked from a
-template, :mod:`lemon_exec.template.client`). Its messages go through
+Started through jupyter_client's AsyncKernelManager (with KernelSockets in place of its
+client), with the ipc transport and its connection file in the host's private 0700 runtime
+directory (or forked from a template, :mod:`lemon_exec.template.client`). Its messages go through
 :class:`~lemon_exec.host.kernels.local.channels.KernelChannels`, which routes them to the cell
 that sent the request and keeps host memory independent of the kernel's good behaviour (no
 frame over :data:`~lemon_exec.wire.limits.MAX_MESSAGE_BYTES` is buffered; the kernel keeps to
@@ -25,7 +25,6 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
 from lemon_exec._constants import STARTUP_TIMEOUT_S
@@ -37,6 +36,7 @@ from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, LemonKernelSpecManag
 from lemon_exec.host.kernels.local.channels import KernelChannels
 from lemon_exec.host.kernels.local.connfile import PrivateKernelManager
 from lemon_exec.host.kernels.local.link_end import LinkEnd
+from lemon_exec.host.kernels.local.sockets import KernelSockets
 from lemon_exec.host.kernels.resource_limits import KernelCgroup
 from lemon_exec.proc.exit_wait import wait_exit
 from lemon_exec.proc.tree_removal import remove_tree
@@ -61,7 +61,7 @@ class ManagedKernel:
     def __init__(
         self,
         km: AsyncKernelManager,
-        kc: AsyncKernelClient,
+        sockets: KernelSockets,
         *,
         kernel_id: str,
         interpreter: str,
@@ -76,7 +76,7 @@ class ManagedKernel:
         self.started_at = time.monotonic()
         self._km = km
         self._log_path = log_path
-        self._channels = KernelChannels(kc, link, kernel_id=kernel_id, is_alive=self.is_alive)
+        self._channels = KernelChannels(sockets, link, kernel_id=kernel_id, is_alive=self.is_alive)
         #: The link that publishes the connection file to Jupyter Server (see publish()).
         self._published: Path | None = None
         self._disposed = False
@@ -137,6 +137,7 @@ class ManagedKernel:
         log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         kernel: ManagedKernel | None = None
         link: LinkEnd | None = None
+        sockets: KernelSockets | None = None
         try:
             link = LinkEnd(link_path)
             try:
@@ -154,13 +155,12 @@ class ManagedKernel:
                     f"execute_code: python_path is not executable: {interpreter}; set "
                     "python_path (or LEMON_EXECUTE_CODE_PYTHON_PATH) to a Python interpreter"
                 ) from exc
-            kc = km.client(context=shared_context())
-            # No heartbeat (liveness is polled on the process, and its thread and socket per
-            # kernel are wasted), no stdin (scripts have none) and not the public IOPub.
-            kc.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=True)
+            # Shell and control only: no heartbeat (liveness is polled on the process), no
+            # stdin (scripts have none), and IOPub comes on the host link.
+            sockets = KernelSockets(km, shared_context())
             kernel = cls(
                 km,
-                kc,
+                sockets,
                 kernel_id=kernel_id,
                 interpreter=interpreter,
                 log_path=log_path,
@@ -176,6 +176,8 @@ class ManagedKernel:
             else:
                 if link is not None:
                     link.close()
+                if sockets is not None:
+                    sockets.close()
                 await _kill_manager(km)
                 _remove_dir(sandbox_dir)
             _unlink(log_path)
