@@ -4,6 +4,7 @@ skipped with a warning (speed only)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import warnings
@@ -102,3 +103,32 @@ def test_a_kernel_on_an_unsupported_version_fails_its_start_at_once(tmp_path: Pa
     assert "UnsupportedKernelVersion" in done.stderr
     assert "Heartbeat._bind_socket" in done.stderr
     assert not connection_file.exists()  # nothing was bound or written
+
+
+def test_a_kernel_whose_heartbeat_cannot_bind_fails_its_start(tmp_path: Path) -> None:
+    """The heartbeat binds in its own thread; a bind that fails (here its ipc path is a
+    directory; on a full disk, no inode for the socket's file) fails the start instead of
+    leaving a kernel without a heartbeat and a thread's traceback in the first output."""
+    ports = {"shell_port": 1, "iopub_port": 2, "stdin_port": 3, "control_port": 4, "hb_port": 5}
+    connection_file = tmp_path / "kernel.json"
+    connection_file.write_text(
+        json.dumps(
+            {
+                **ports,
+                "transport": "ipc",
+                "ip": str(tmp_path / "k"),
+                "key": "",
+                "signature_scheme": "hmac-sha256",
+            }
+        )
+    )
+    (tmp_path / "k-5").mkdir()  # the heartbeat's socket path, taken
+    done = subprocess.run(
+        [sys.executable, "-m", "lemon_exec.kernel", "-f", str(connection_file)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode != 0, done.stderr
+    assert "the heartbeat socket could not be bound" in done.stderr, done.stderr

@@ -265,7 +265,7 @@ def test_a_live_host_is_as_the_security_page_says(
     assert proc.wait(30) == 0, proc.stderr.read().decode() if proc.stderr else ""
     others = tree - {proc.pid}
     assert wait_until(lambda: not any(_running(pid) for pid in others), 5), [
-        pid for pid in others if _running(pid)
+        cmdlines[pid] for pid in others if _running(pid)
     ]
     for root in base.glob("lemon-exec-*"):
         assert {p.name for p in root.iterdir()} <= {"owner", "spill"}, root

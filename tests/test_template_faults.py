@@ -176,7 +176,8 @@ def test_every_call_after_a_script_killed_its_template_gets_a_kernel(short_tmp: 
         try:
             for _ in range(3):
                 await forked_template(ec)
-                assert await await_until(lambda: ec.snapshot()["spares"] == 2)  # forked spares
+                # Both spares forked (more after a round: four calls at once are a burst).
+                assert await await_until(lambda: ec.snapshot()["spares"] >= 2)
                 await ec.run("import os, signal\nos.kill(os.getppid(), signal.SIGKILL)")
                 results = await asyncio.gather(*(ec.run("print('ok')") for _ in range(4)))
                 rounds.append([r.content for r in results])

@@ -278,15 +278,20 @@ def iopub_thread_class(cls: type[Any]) -> contextlib.AbstractContextManager[None
 
 
 class BindingHeartbeat(Heartbeat):
-    """ipykernel's heartbeat thread, telling when its socket is bound (its file created)."""
+    """ipykernel's heartbeat thread, telling when its socket is bound (its file created),
+    or why it could not be (``error``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
         self.bound = threading.Event()
+        self.error: BaseException | None = None
 
     def _bind_socket(self) -> None:
         try:
             super()._bind_socket()  # type: ignore[no-untyped-call]
+        except BaseException as exc:
+            self.error = exc
+            raise
         finally:
             self.bound.set()
 
@@ -294,12 +299,18 @@ class BindingHeartbeat(Heartbeat):
 def init_binding_heartbeat(init_heartbeat: Callable[[], None], app: Any, timeout: float) -> None:
     """Run ``IPKernelApp.init_heartbeat`` (``init_heartbeat``) so that it starts a
     :class:`BindingHeartbeat`, then wait (up to ``timeout`` s) until its socket is bound:
-    it binds in its own thread, and the caller's umask must hold until then."""
+    it binds in its own thread, and the caller's umask must hold until then.
+
+    A bind that failed (a full disk: no room for the socket's file) fails the start here,
+    rather than as a thread's traceback in the first script's output.
+    """
     with _swapped(kernelapp, "Heartbeat", BindingHeartbeat):
         init_heartbeat()
     heartbeat = getattr(app, "heartbeat", None)
     if isinstance(heartbeat, BindingHeartbeat):
         heartbeat.bound.wait(timeout)
+        if heartbeat.error is not None:
+            raise RuntimeError(f"the heartbeat socket could not be bound: {heartbeat.error}")
 
 
 # -- private methods and attributes ------------------------------------------------------------

@@ -63,6 +63,8 @@ from lemon_exec.proc.host_teardown import teardown_dead_host
 
 _REAP_INTERVAL_S = 0.02
 _MAX_REQUEST = 1 << 20
+#: How long the template, on its way out, waits for its SIGKILLed kernels to be gone.
+_CHILD_EXIT_WAIT_S = 2.0
 #: After the socket closes, how long to wait to learn whether the host died or just closed it.
 _HOST_EXIT_WAIT_S = 1.0
 
@@ -279,7 +281,19 @@ class _Template:
             supervise.kill_tree(pid)
             with contextlib.suppress(OSError):
                 os.killpg(pid, signal.SIGKILL)
-        self._kill_orphans()
+        # A kernel killed just now may still be dying: its children (a setsid daemon) come to
+        # us only once all its threads have exited, which its reaping tells. Then rounds over
+        # our whole tree until nothing runs under us.
+        deadline = time.monotonic() + _CHILD_EXIT_WAIT_S
+        for pid in self.children:
+            while time.monotonic() < deadline:
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0]:
+                        break
+                except ChildProcessError:
+                    break
+                time.sleep(0.002)
+        supervise.kill_tree(os.getpid(), include_root=False)
         with contextlib.suppress(ChildProcessError):
             while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
@@ -290,8 +304,6 @@ def _child(
     request: dict[str, Any], stderr_fd: int | None, sock: socket.socket, template: int
 ) -> None:
     code = 1
-    if os.environ.get("LEMON_NOGC"):  # DIAG-HACK
-        gc.disable()
     try:
         sock.close()
         os.setsid()  # its own process group: the host signals the kernel and its children

@@ -8,9 +8,12 @@ submission, so a write never overtakes an earlier one).
 
 - :meth:`DiskWorker.call` runs a function there and awaits its result (a workspace the run
   needs before it starts);
-- :meth:`DiskWorker.later` queues work nobody waits for (removing a finished run's
-  workspace, rewriting the index): it may lag, but it is done before :meth:`drain` returns,
-  which closing the host awaits before it removes the staging root.
+- :meth:`DiskWorker.settle` runs cleanup the caller waits for but never fails on (removing a
+  finished run's workspace before its result is returned: no file outlives its run), and
+  which the caller's cancellation does not undo;
+- :meth:`DiskWorker.later` queues work nobody waits for (rewriting the index): it may lag,
+  but it is done before :meth:`drain` returns, which closing the host awaits before it
+  removes the staging root.
 
 The thread starts with the first job and has ended when :meth:`aclose` returns.
 """
@@ -45,6 +48,16 @@ class DiskWorker:
         if self._closed:
             return fn(*args)
         return await asyncio.wrap_future(self._executor.submit(fn, *args))
+
+    async def settle(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Run ``fn(*args)`` and wait for it; an error is logged, not raised.
+
+        Cancelling the caller does not cancel the work: it still runs, in its turn.
+        """
+        if self._closed:
+            _logged(fn, *args)
+            return
+        await asyncio.shield(asyncio.wrap_future(self._executor.submit(_logged, fn, *args)))
 
     def later(self, fn: Callable[..., Any], *args: Any) -> None:
         """Queue ``fn(*args)``; nobody waits for it, an error is logged. Done by :meth:`drain`."""

@@ -120,8 +120,8 @@ class PerCallRuns:
                     engine.spawn(self._stop_and_release(kernel, slot))
                     self.pool.refill(key)
             finally:
-                # Removed in the background; closing the host waits for it.
-                engine.disk.later(engine.staging.remove_workspace, workspace)
+                # Gone before the result is returned: no file outlives its run.
+                await engine.disk.settle(engine.staging.remove_workspace, workspace)
         finally:
             if kernel is None and not released:  # no kernel to wait for: the slot is free
                 slot.release()
