@@ -117,7 +117,10 @@ def test_a_template_leaves_after_bye_and_is_not_killed(
 def test_a_runs_file_work_is_on_the_disk_worker_and_done_by_close(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    threads: dict[str, list[str]] = {"made": [], "removed": [], "closed": []}
+    """Making a workspace and removing the root are on the disk worker; a bare workspace
+    (its script alone) goes on the loop, two system calls; one the run wrote into, on the
+    worker. Each is gone when its result returns."""
+    threads: dict[str, list[str]] = {"made": [], "bare": [], "removed": [], "closed": []}
 
     def on_thread(name: str, method: Any) -> Any:
         def spy(*args: Any, **kwargs: Any) -> Any:
@@ -128,6 +131,9 @@ def test_a_runs_file_work_is_on_the_disk_worker_and_done_by_close(
 
     monkeypatch.setattr(StagingRoot, "new_workspace", on_thread("made", StagingRoot.new_workspace))
     monkeypatch.setattr(
+        StagingRoot, "remove_bare_workspace", on_thread("bare", StagingRoot.remove_bare_workspace)
+    )
+    monkeypatch.setattr(
         StagingRoot, "remove_workspace", on_thread("removed", StagingRoot.remove_workspace)
     )
     monkeypatch.setattr(StagingRoot, "close", on_thread("closed", StagingRoot.close))
@@ -135,8 +141,14 @@ def test_a_runs_file_work_is_on_the_disk_worker_and_done_by_close(
     async def body() -> Path:
         tool = ExecuteCode(enabled_config(kernel_mode="per_call", fork_server=False))
         try:
-            for _ in range(2):
-                assert (await tool.run("print(1)")).content == "1\n"
+            assert (await tool.run("print(1)")).content == "1\n"
+            work = tool.diagnostics.work_dir
+            assert work is not None and os.listdir(work) == []
+            # The run's own workspace is the only one there: it leaves a file in it.
+            leave = f"import glob\nfor d in glob.glob({str(work)!r} + '/run-*'):\n"
+            leave += "    open(d + '/left.txt', 'w').write('x')\nprint(2)"
+            assert (await tool.run(leave)).content == "2\n"
+            assert os.listdir(work) == []
             root = tool.diagnostics.staging_root
             assert root is not None
         finally:
@@ -144,9 +156,12 @@ def test_a_runs_file_work_is_on_the_disk_worker_and_done_by_close(
         return root
 
     root = asyncio.run(body())
-    for name, where in threads.items():
+    on_loop = threading.main_thread().name
+    assert threads["bare"] == [on_loop, on_loop]  # the second found more than its script
+    for name in ("made", "removed", "closed"):
+        where = threads[name]
         assert where and all(t.startswith("lemon-exec-disk") for t in where), (name, where)
-    assert len(threads["removed"]) == 2  # both workspaces, before the root went
+    assert len(threads["removed"]) == 1  # the workspace the run wrote into
     assert not root.exists()
     assert not [t for t in threading.enumerate() if t.name.startswith("lemon-exec-disk")]
 

@@ -110,6 +110,31 @@ def test_new_workspace(root: StagingRoot) -> None:
         assert list(workspace.iterdir()) == []
 
 
+def test_a_bare_workspace_goes_at_once_and_anything_more_is_left_to_the_walk(
+    root: StagingRoot, tmp_path: Path
+) -> None:
+    bare = root.new_workspace("print(1)")
+    assert root.remove_bare_workspace(bare) and not bare.exists()
+    assert root.remove_bare_workspace(bare)  # gone already: nothing to do
+
+    busy = root.new_workspace("print(1)")
+    (busy / "left.txt").write_text("the run wrote this")
+    assert not root.remove_bare_workspace(busy)
+    assert (busy / "left.txt").exists()  # nothing lost: the bounded walk removes it
+    assert root.remove_workspace(busy) and not busy.exists()
+
+    # A workspace swapped for a symlink: refused, and the target's script.py untouched.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "script.py").write_text("keep me")
+    swapped = root.new_workspace("print(1)")
+    root.remove_workspace(swapped)
+    swapped.symlink_to(elsewhere)
+    assert not root.remove_bare_workspace(swapped)
+    assert (elsewhere / "script.py").read_text() == "keep me"
+    swapped.unlink()
+
+
 def test_close_removes_everything_and_is_idempotent(tmp_path: Path) -> None:
     created = StagingRoot.create(tmp_path)
     write_private_file(created.new_workspace(), "a.txt", b"data")

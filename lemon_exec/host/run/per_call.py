@@ -120,8 +120,10 @@ class PerCallRuns:
                     engine.spawn(self._stop_and_release(kernel, slot))
                     self.pool.refill(key)
             finally:
-                # Gone before the result is returned: no file outlives its run.
-                await engine.disk.settle(engine.staging.remove_workspace, workspace)
+                # Gone before the result is returned: no file outlives its run. A bare one
+                # (its script alone) here; what a run left there, on the disk worker.
+                if not engine.staging.remove_bare_workspace(workspace):
+                    await engine.disk.settle(engine.staging.remove_workspace, workspace)
         finally:
             if kernel is None and not released:  # no kernel to wait for: the slot is free
                 slot.release()
