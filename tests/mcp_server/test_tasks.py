@@ -336,3 +336,35 @@ async def test_jobs_cli_lists_shows_and_cancels_the_tasks_of_an_http_server(
             assert no_token.returncode == 2 and "--token" in no_token.stderr
             wrong = await anyio.to_thread.run_sync(lambda: cli("list", token="w" * 43))
             assert wrong.returncode == 1 and "cannot talk to" in wrong.stderr
+
+
+@pytest.mark.kernel
+@pytest.mark.parametrize("mode", ["per_call", "session"])
+async def test_a_server_closed_with_tasks_working_leaves_nothing(
+    tmp_path: Path, short_tmp: Path, reap: list[tuple[int, bool]], mode: str
+) -> None:
+    """The client goes while a task's script runs (and its setsid child): the server cancels
+    the task, stops its kernel and every process under it, and removes its files."""
+    argv = lemon_exec_argv("mcp")
+    base = short_tmp  # the staging root's sockets need a short path
+    env = {**os.environ, "LEMON_EXECUTE_CODE_KERNEL_MODE": mode, "TMPDIR": str(base)}
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(tmp_path))
+    pid_file, child_file = tmp_path / "kernel.pid", tmp_path / "child.pid"
+    script = (
+        "import subprocess\n"
+        "child = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(child_file)!r}, 'w').write(str(child.pid))\n"
+        + _waiting_script(pid_file, tmp_path / "never")
+    )
+    async with Client(params, mode="legacy") as client:
+        task = await start_task(client, {"script": script})
+        assert task.status == "working"
+        kernel = await anyio.to_thread.run_sync(read_pid, pid_file)
+        child = await anyio.to_thread.run_sync(read_pid, child_file)
+        reap.extend([(kernel, False), (child, False)])
+        assert (await get_task(client, task.task_id)).status == "working"
+    # stdin closed: the server shuts down with the task still working.
+    assert await anyio.to_thread.run_sync(lambda: gone(kernel, within=15))
+    assert await anyio.to_thread.run_sync(lambda: gone(child, within=15))
+    for root in base.glob("lemon-exec-*"):
+        assert {p.name for p in root.iterdir()} <= {"owner", "spill"}, root
