@@ -368,3 +368,39 @@ async def test_a_server_closed_with_tasks_working_leaves_nothing(
     assert await anyio.to_thread.run_sync(lambda: gone(child, within=15))
     for root in base.glob("lemon-exec-*"):
         assert {p.name for p in root.iterdir()} <= {"owner", "spill"}, root
+
+
+@pytest.mark.kernel
+async def test_execute_code_tasks_expire_by_age_and_by_count(tmp_path: Path) -> None:
+    """A finished task's result is kept job_result_ttl_ms, and only the newest
+    max_finished_jobs; then tasks/get and tasks/result answer that it has expired."""
+    argv = lemon_exec_argv("mcp")
+    env = {
+        **os.environ,
+        "LEMON_EXECUTE_CODE_JOB_RESULT_TTL_MS": "1500",
+        "LEMON_EXECUTE_CODE_MAX_FINISHED_JOBS": "2",
+    }
+    params = StdioServerParameters(command=argv[0], args=argv[1:], env=env, cwd=str(tmp_path))
+    async with Client(params, mode="legacy") as client:
+        ids = []
+        for i in range(3):
+            task = await start_task(client, {"script": f"text('t{i}')"})
+            assert task.ttl == 1500  # the retention the server applies, said at the start
+            assert _text(await task_result(client, task.task_id)).endswith(f"t{i}")
+            ids.append(task.task_id)
+        # By count: the oldest of three finished tasks is gone, the newest two stay.
+        with pytest.raises(MCPError) as by_count:
+            await get_task(client, ids[0])
+        assert by_count.value.error.code == INVALID_PARAMS
+        assert f"{ids[0]} has expired" in by_count.value.error.message
+        assert [t.task_id for t in (await list_tasks(client)).tasks] == ids[1:]
+        assert (await get_task(client, ids[2])).status == "completed"
+
+        # By age: untouched, both expire on time.
+        await anyio.sleep(2.0)
+        for task_id in ids[1:]:
+            with pytest.raises(MCPError) as by_age:
+                await task_result(client, task_id)
+            assert by_age.value.error.code == INVALID_PARAMS
+            assert f"{task_id} has expired" in by_age.value.error.message
+        assert (await list_tasks(client)).tasks == []
