@@ -266,3 +266,48 @@ def test_sync_twins(tmp_path: Path) -> None:
         other = ec.start_sync("import time\ntime.sleep(300)")
         cancelled = other.cancel_sync()
         assert cancelled is not None and other.state == "cancelled"
+
+
+def test_a_job_holds_an_admission_slot_and_calls_wait_for_it(tmp_path: Path) -> None:
+    """Per call with max_concurrent_per_call=1: a running job holds the one slot, so a call
+    (or a second job) waits in the admission queue until the job ends, and one whose
+    deadline passes first leaves the queue with nothing run."""
+    gate = tmp_path / "gate"
+
+    async def body(ec: ExecuteCode) -> None:
+        job = await ec.start(gated(gate, before="print('job', flush=True)", after="text('j')"))
+        assert await printed(job, "job")
+        refused = await ec.run("text('never')", timeout_ms=1_000)
+        assert not refused.ok and refused.details["exit_code"] is None, refused.content
+        assert "never" not in refused.content
+        waiting = asyncio.create_task(ec.run("text('after')", timeout_ms=60_000))
+        second = await ec.start("text('second')")
+        await asyncio.sleep(0.5)
+        assert not waiting.done() and state(second) == "queued"
+        gate.write_text("")
+        assert (await job.wait()).ok
+        after = await waiting
+        assert after.ok and after.details["queue_wait_ms"] >= 500, after.details
+        assert (await second.wait()).ok
+
+    run(body, kernel_mode="per_call", max_concurrent_per_call=1, warm_kernels=0)
+
+
+def test_a_session_job_counts_against_max_live_kernels(tmp_path: Path) -> None:
+    """Sessions with max_live_kernels=1: a job's kernel is live and busy, so another
+    session's call cannot evict it and runs isolated (capacity_exhausted), as a call would."""
+    gate = tmp_path / "gate"
+
+    async def body(ec: ExecuteCode) -> None:
+        job = await ec.start(
+            gated(gate, before="print('job', flush=True)", after="text('j')"),
+            scope=SessionScope("a", "owner-a"),
+        )
+        assert await printed(job, "job")
+        other = await ec.run("text('other')", scope=SessionScope("b", "owner-b"))
+        assert other.ok, other.content
+        assert other.details.get("fallback_reason") == "capacity_exhausted", other.details
+        gate.write_text("")
+        assert (await job.wait()).details["persistent"] is True
+
+    run(body, kernel_mode="session", max_live_kernels=1)
