@@ -2,14 +2,13 @@
 
 Enterprise Gateway 3.x pins ``jupyter_client<7``, so it lives in a venv of its own
 (``LEMON_TEST_EG_VENV``, default ``<repo>/.ci-eg-venv``). When that venv has no gateway it
-is created here, under a file lock so that parallel runs do not race; if that fails the
-tests fail (never skip) with the command that fixes it.
+is created here (:mod:`support_venv`); if that fails the tests fail (never skip) with the
+command that fixes it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import secrets
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support_venv import ensure_own_venv
 
 from lemon_exec.host.kernels.kernelspec import KERNEL_NAME, kernel_json
 
@@ -41,40 +41,17 @@ def venv_path() -> Path:
     return Path(os.environ.get(VENV_ENV) or REPO / ".ci-eg-venv")
 
 
-def _fix_hint(venv: Path) -> str:
-    return (
-        f"create it with `python3 -m venv {venv} && {venv}/bin/pip install "
-        f"'{EG_REQUIREMENT}'` (or point {VENV_ENV} at a venv that has it)"
-    )
-
-
 def ensure_eg_venv() -> Path:
     """The gateway's executable, installing the gateway into its venv first if needed."""
     venv = venv_path()
-    exe = venv / "bin" / "jupyter-enterprisegateway"
-    if exe.exists():
-        return exe
-    try:
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        with open(venv.with_name(venv.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be installing it right now
-            if not exe.exists():
-                _install(venv)
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.fail(
-            f"Jupyter Enterprise Gateway is not installed in {venv} and installing it "
-            f"failed ({exc}); {_fix_hint(venv)}"
-        )
-    if not exe.exists():
-        pytest.fail(f"no jupyter-enterprisegateway in {venv}; {_fix_hint(venv)}")
-    return exe
-
-
-def _install(venv: Path) -> None:
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", EG_REQUIREMENT]
-    subprocess.run(pip, check=True, timeout=900)
+    ensure_own_venv(
+        venv,
+        EG_REQUIREMENT,
+        what="Jupyter Enterprise Gateway",
+        env_name=VENV_ENV,
+        provides="bin/jupyter-enterprisegateway",
+    )
+    return venv / "bin" / "jupyter-enterprisegateway"
 
 
 def free_port() -> int:

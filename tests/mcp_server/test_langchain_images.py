@@ -2,7 +2,7 @@
 
 ``langchain-mcp-adapters`` pins ``mcp<2`` (our tests use the 2.x SDK), so it lives in a venv
 of its own (``LEMON_TEST_LANGCHAIN_VENV``, default ``<repo>/.ci-langchain-venv``), created
-here under a file lock when it lacks the package; if that fails the test fails (never
+here (:mod:`support_venv`) when it lacks the package; if that fails the test fails (never
 skips) with the command that fixes it. Its client drives the real ``lemon-exec mcp`` over
 stdio and prints the ToolMessage's content blocks as JSON.
 """
@@ -10,14 +10,13 @@ stdio and prints the ToolMessage's content blocks as JSON.
 from __future__ import annotations
 
 import base64
-import fcntl
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support_venv import ensure_own_venv
 
 from .conftest import lemon_exec_argv
 from .test_images_clients import PNG, SCRIPT, TEXT
@@ -48,26 +47,7 @@ asyncio.run(main())
 
 def _venv_python() -> Path:
     venv = Path(os.environ.get(VENV_ENV) or REPO / ".ci-langchain-venv")
-    python = venv / "bin" / "python"
-    marker = venv / ".lemon-installed"
-    if marker.exists():
-        return python
-    hint = (
-        f"create it with `python3 -m venv {venv} && {venv}/bin/pip install "
-        f"'{REQUIREMENT}'` (or point {VENV_ENV} at a venv that has it)"
-    )
-    try:
-        with open(venv.with_name(venv.name + ".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # another run may be installing it right now
-            if not marker.exists():
-                if not python.exists():
-                    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-                pip = [str(python), "-m", "pip", "install", "--quiet", REQUIREMENT]
-                subprocess.run(pip, check=True, timeout=600)
-                marker.write_text("")
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.fail(f"installing {REQUIREMENT} into {venv} failed ({exc}); {hint}")
-    return python
+    return ensure_own_venv(venv, REQUIREMENT, what="langchain-mcp-adapters", env_name=VENV_ENV)
 
 
 def test_langchain_gets_the_image_block_after_the_text(tmp_path: Path) -> None:
