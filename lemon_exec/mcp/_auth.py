@@ -43,8 +43,13 @@ def principal(token: bytes) -> str:
 
 
 def new_token() -> str:
-    """A fresh random token: 256 bits, 43 URL-safe characters."""
-    return secrets.token_urlsafe(32)
+    """A fresh random token: 256 bits, 43 URL-safe characters, never a leading ``-``.
+
+    A token starting with ``-`` would be taken for an option in ``--token TOKEN``.
+    """
+    while (token := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return token
 
 
 def check_token(token: str) -> str:

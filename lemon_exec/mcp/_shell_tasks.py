@@ -113,7 +113,8 @@ class ShellTasks:
             command, timeout = command_arguments(arguments)
         except ToolError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
-        task = ShellTask(secrets.token_urlsafe(12))  # unguessable, as task ids must be
+        # Unguessable, as task ids must be; hex, so never an option to `lemon-exec jobs`.
+        task = ShellTask(secrets.token_hex(12))
         self._tasks.add(task)
         task.task = asyncio.get_running_loop().create_task(
             self._drive(task, command, timeout), name=f"lemon-exec-shell-task-{task.id}"

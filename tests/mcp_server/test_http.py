@@ -28,6 +28,7 @@ from mcp.client.streamable_http import streamable_http_client
 from lemon_exec.cli import main
 from lemon_exec.cli.mcp import LIMIT_OPTIONS, TOKEN_ENV
 from lemon_exec.mcp import is_loopback_host, parse_http_address
+from lemon_exec.mcp._auth import check_token, new_token
 
 from .conftest import lemon_exec_argv
 
@@ -446,6 +447,14 @@ def test_a_bad_token_in_the_environment_is_a_usage_error(
     monkeypatch.setenv(TOKEN_ENV, "t" * 20)
     assert main(["mcp", "--http", "127.0.0.1:8765", "--no-auth"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+def test_a_generated_token_works_as_a_command_line_argument() -> None:
+    # One draw in 64 of a plain token_urlsafe starts with "-", which argparse reads as an option.
+    tokens = [new_token() for _ in range(4000)]
+    assert not [t for t in tokens if t.startswith("-")]
+    assert all(len(t) == 43 and check_token(t) == t for t in tokens)
+    assert len(set(tokens)) == len(tokens)
 
 
 def test_parse_http_address() -> None:

@@ -4,6 +4,7 @@ driven by the official SDK client in handshake mode (``mode="legacy"``)."""
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ async def test_shell_tasks_answer_as_blocking_calls_cancel_and_expire(tmp_path: 
         # A task's payload is the blocking call's CallToolResult (plus the related-task _meta).
         blocking = await client.call_tool("execute_command", {"command": "pwd"})
         pwd = await _command_task(client, "pwd")
+        assert re.fullmatch(r"[0-9a-f]{24}", pwd)  # safe on `lemon-exec jobs`' command line
         pwd_result = await task_result(client, pwd)
         assert pwd_result.content == blocking.content
         assert pwd_result.structured_content == blocking.structured_content

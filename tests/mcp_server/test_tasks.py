@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -297,6 +298,8 @@ async def test_jobs_cli_lists_shows_and_cancels_the_tasks_of_an_http_server(
         assert token is not None
         async with bearer_client(url, token, mode="legacy") as client:
             done = await start_task(client, {"script": "text('finished')"})
+            # Hex ids: an id with a leading "-" would be read as an option by the CLI.
+            assert re.fullmatch(r"[0-9a-f]{24}", done.task_id)
             await task_result(client, done.task_id)
             pid_file = tmp_path / "run.pid"
             running = await start_task(

@@ -185,7 +185,8 @@ class JobTable:
 
     def start(self, args: CallArgs, owner: Any) -> JobRun:
         """Start ``args`` as a job on the running loop (the caller has bound the runner)."""
-        job = JobRun(secrets.token_urlsafe(12), self.config.max_output_bytes)
+        # Hex, so an id is safe as a command-line argument (never a leading '-').
+        job = JobRun(secrets.token_hex(12), self.config.max_output_bytes)
         job_args = replace(
             args,
             job=True,
