@@ -24,6 +24,7 @@ import contextlib
 import json
 import socket
 import statistics
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -142,10 +143,24 @@ class RawGatewayKernel:
             )
 
 
+def suite_gateway() -> Any:
+    """The test suite's ``running_gateway``: one way to start a gateway.
+
+    Its helpers import their siblings top-level (``support_venv``), as pytest puts tests/
+    on sys.path: so does this, for a benchmark run outside pytest.
+    """
+    tests_dir = str(Path(__file__).resolve().parents[1] / "tests")
+    if tests_dir not in sys.path:
+        sys.path.append(tests_dir)
+    from tests.gateway.eg import running_gateway
+
+    return running_gateway
+
+
 async def bench_gateway(
     report: Report, workdir: Path, *, pairs: int, per_call_runs: int, helper_calls: int
 ) -> None:
-    from tests.gateway.eg import running_gateway  # the suite's gateway: one way to start it
+    running_gateway = suite_gateway()
 
     eg_dir = workdir / "gateway"
     eg_dir.mkdir()

@@ -262,6 +262,21 @@ def test_peers_group_reports_a_missing_ipybox(tmp_path: Path, leak_watch: Any) -
     assert data["targets"]["peers_mcp_vs_ipybox"]["value"] == 0.5
 
 
+def test_the_gateway_group_finds_the_suites_gateway_outside_pytest() -> None:
+    # The benchmark runs outside pytest, without tests/ on sys.path.
+    code = "from bench.gateway import suite_gateway; print(suite_gateway().__name__)"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "running_gateway"
+
+
 def test_list_names_issue17_figures_and_targets() -> None:
     proc = subprocess.run(
         [sys.executable, str(BENCH), "--list"], capture_output=True, text=True, timeout=60
