@@ -1372,7 +1372,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     if args.json:
         print(json.dumps(out), flush=True)
-    return 1 if out["errors"] else 0
+    return exit_status(out)
+
+
+def exit_status(out: dict[str, Any]) -> int:
+    """1 when a measurement failed or a figure missed its target, else 0."""
+    missed = [name for name, t in out.get("targets", {}).items() if t["pass"] is False]
+    if missed:
+        log(f"missed targets: {', '.join(missed)}")
+    return 1 if out["errors"] or missed else 0
 
 
 if __name__ == "__main__":

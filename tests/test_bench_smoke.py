@@ -72,8 +72,11 @@ def test_quick_json_subset(leak_watch: Any) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 0, f"bench failed ({proc.returncode}):\n{err[-3000:]}"
     data = json.loads(out)  # stdout holds exactly one JSON object
+    # Exit 1 on a missed target too (a loaded machine may miss one): never on nothing.
+    missed = [name for name, t in data["targets"].items() if t["pass"] is False]
+    assert data["targets"] and all(t["pass"] is not None for t in data["targets"].values())
+    assert proc.returncode == (1 if missed else 0), f"bench exit {proc.returncode}:\n{err[-3000:]}"
     for name in EXPECTED:
         assert _is_number(data.get(name)), f"{name} is not a number: {data.get(name)!r}"
     assert "cold_start_p50_ms" not in data  # --only ran just the selected groups
@@ -260,6 +263,17 @@ def test_peers_group_reports_a_missing_ipybox(tmp_path: Path, leak_watch: Any) -
     assert set(data["errors"]) == set(ipybox)
     assert data["targets"]["peers_session_vs_ipybox"] == {"op": "<=", "value": 0.1, "pass": None}
     assert data["targets"]["peers_mcp_vs_ipybox"]["value"] == 0.5
+
+
+def test_a_missed_target_or_a_failed_measurement_exits_1() -> None:
+    from bench.run import exit_status
+
+    met = {"pass": True, "op": "<=", "value": 1.0}
+    missed = {"pass": False, "op": "<=", "value": 1.0}
+    assert exit_status({"targets": {"a": met}, "errors": {}}) == 0
+    assert exit_status({"targets": {"a": met, "b": missed}, "errors": {}}) == 1
+    assert exit_status({"targets": {"a": met}, "errors": {"c": "boom"}}) == 1
+    assert exit_status({"errors": {}}) == 0  # a --scaling run has no targets
 
 
 def test_the_gateway_group_finds_the_suites_gateway_outside_pytest() -> None:
