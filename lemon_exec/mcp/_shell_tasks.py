@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +26,7 @@ from mcp_types import INVALID_PARAMS, CallToolResult
 
 from lemon_exec.config import ExecuteCodeConfig
 from lemon_exec.errors import JobExpiredError
-from lemon_exec.host.run.jobs import CANCEL_GRACE_S, FINISHED, JobState
+from lemon_exec.host.run.jobs import CANCEL_GRACE_S, FINISHED, JobState, new_task_id
 from lemon_exec.host.run.retention import Retention
 from lemon_exec.mcp._calls import command_arguments, command_result
 from lemon_exec.shell import CommandResult, ShellSession
@@ -114,7 +113,7 @@ class ShellTasks:
         except ToolError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
         # Unguessable, as task ids must be; hex, so never an option to `lemon-exec jobs`.
-        task = ShellTask(secrets.token_hex(12))
+        task = ShellTask(new_task_id())
         self._tasks.add(task)
         task.task = asyncio.get_running_loop().create_task(
             self._drive(task, command, timeout), name=f"lemon-exec-shell-task-{task.id}"

@@ -53,6 +53,15 @@ RunCall = Callable[[CallArgs, Any], Awaitable[ExecuteCodeResult]]
 Event = tuple[int, str, str]  # (sequence number, kind: output | notify | text, text)
 
 
+def new_task_id() -> str:
+    """A job's or shell task's id: 24 hex digits (96 random bits).
+
+    Hex, so that an id pasted on a command line (``lemon-exec jobs show ID``) is never read
+    as an option, as one starting with ``-`` would be, and needs no quoting in a shell.
+    """
+    return secrets.token_hex(12)
+
+
 @dataclass(frozen=True)
 class JobPoll:
     """What a job did since a cursor (:meth:`JobRun.poll`); pass ``cursor`` to the next poll.
@@ -186,7 +195,7 @@ class JobTable:
     def start(self, args: CallArgs, owner: Any) -> JobRun:
         """Start ``args`` as a job on the running loop (the caller has bound the runner)."""
         # Hex, so an id is safe as a command-line argument (never a leading '-').
-        job = JobRun(secrets.token_hex(12), self.config.max_output_bytes)
+        job = JobRun(new_task_id(), self.config.max_output_bytes)
         job_args = replace(
             args,
             job=True,
