@@ -140,6 +140,7 @@ print(json.dumps({
     "log_handlers_kept": [id(h) for h in log.handlers]
     == [id(h) for h in app._applied_logging[1]],
     "log_handlers": len(log.handlers),
+    "log_debug_enabled": log.isEnabledFor(logging.DEBUG),
     "memoized": kernelbase._accepts_parameters is ipykernel_patches.signature_check
     and ipkernel._accepts_parameters is ipykernel_patches.signature_check,
     "accepts": kernel._do_exec_accepted_params,
@@ -176,6 +177,7 @@ def test_what_the_template_did_for_every_kernel_is_the_kernels(tmp_path: Path) -
             assert info["store_loaded"] == ["IPython.extensions.storemagic"]  # once
             assert info["store_magic"] is True
             assert info["log_handlers_kept"] is True and info["log_handlers"] == 1
+            assert info["log_debug_enabled"] is False  # no record built for a debug call
             assert info["memoized"] is True
             assert info["accepts"] == info["accepts_uncached"]
             assert info["tools_key"] == repr((("read", "grep", "find", "ls", "webfetch"), None))
@@ -198,6 +200,32 @@ changed = logging.getLogger("LemonKernelApp").handlers != handlers
 level = logging.getLogger("LemonKernelApp").handlers[0].level
 print(same, changed, len(handlers), level == logging.DEBUG)
 """
+
+
+_LEVEL_PROBE = """
+import io, logging, sys
+from lemon_exec.kernel import app
+made = []
+factory = logging.getLogRecordFactory()
+logging.setLogRecordFactory(lambda *a, **k: made.append(a[1]) or factory(*a, **k))
+kernel_app = app.LemonKernelApp()
+log = kernel_app.log
+log.debug("dropped before a record is built")
+log.warning("kept")
+quiet = list(made)
+kernel_app.log_level = logging.DEBUG
+log.handlers[0].stream = out = io.StringIO()
+log.debug("now shown")
+print(quiet == [logging.WARNING], made[-1] == logging.DEBUG, "now shown" in out.getvalue())
+"""
+
+
+def test_a_debug_call_builds_no_record_unless_debug_output_is_on() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _LEVEL_PROBE], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["True", "True", "True"]
 
 
 def test_logging_is_configured_again_only_when_its_configuration_changes() -> None:

@@ -160,12 +160,13 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
         global _applied_logging
         config = self.get_default_logging_config()
         nested_update(config, self.logging_config or {})
-        handlers = logging.getLogger(type(self).__name__).handlers
-        if _applied_logging == (config, handlers):
+        logger = logging.getLogger(type(self).__name__)
+        if _applied_logging == (config, logger.handlers):
             self._logging_configured = True
             return
         super()._configure_logging()
-        _applied_logging = (config, list(logging.getLogger(type(self).__name__).handlers))
+        _raise_to_handlers(logger)
+        _applied_logging = (config, list(logger.handlers))
 
     def configure_shell_config(self) -> None:
         """What every lemon-python kernel sets in its shell's configuration."""
@@ -251,6 +252,19 @@ class LemonKernelApp(IPKernelApp, _ConfigPhase):
             link = self.host_link = HostLink.connect(path)
             self.iopub_thread.host_link = link
             link.serve_replies(self.session)
+
+
+def _raise_to_handlers(logger: logging.Logger) -> None:
+    """Set ``logger``'s level to the lowest of its handlers' levels.
+
+    traitlets sets an application's logger to DEBUG and filters in its handler, so each
+    of ipykernel's debug calls (a dozen per start, two per message) builds a record that
+    the handler then drops. A logger at its handlers' level drops it before it is built.
+    A handler with no level (NOTSET) takes everything: the logger is then left as it is.
+    """
+    levels = [handler.level for handler in logger.handlers]
+    if levels and min(levels) > logger.level:
+        logger.setLevel(min(levels))
 
 
 class LocalIOPubThread(IOPubThread):
