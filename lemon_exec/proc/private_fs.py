@@ -94,6 +94,10 @@ def check_private_dir(path: Path) -> None:
         st = os.lstat(path)
     except OSError as exc:
         raise refused(f"cannot inspect {path}: {exc.strerror or exc}") from None
+    _check_private_stat(path, st)
+
+
+def _check_private_stat(path: Path, st: os.stat_result) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise refused(f"{path} is a symlink")
     if not stat.S_ISDIR(st.st_mode):
@@ -107,10 +111,21 @@ def check_private_dir(path: Path) -> None:
 
 def ensure_private_dir(path: Path) -> None:
     """Create ``path`` (0700) if it is missing; then :func:`check_private_dir` it."""
+    # Asked on every call: one lstat when all is well. mkdir on a name that exists fails
+    # only after locking its parent, so it is tried only when the name is missing.
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise refused(f"cannot inspect {path}: {exc.strerror or exc}") from None
+    else:
+        _check_private_stat(path, found)
+        return
     try:
         os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
     except FileExistsError:
-        pass
+        pass  # made meanwhile: checked below like anything else found there
     except OSError as exc:
         raise refused(f"cannot create {path}: {describe_os_error(exc)}") from None
     check_private_dir(path)

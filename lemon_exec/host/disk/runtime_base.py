@@ -61,13 +61,18 @@ def runtime_base() -> Path:
         f"remove {path} if it is not yours (as root if need be) and start again"
     )
     try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise refused(f"cannot create {path}: {exc.strerror or exc}{fix}") from None
-    try:
-        st = os.lstat(path)
+        st = os.lstat(path)  # asked on every call: mkdir only when it is missing
+    except FileNotFoundError:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise refused(f"cannot create {path}: {exc.strerror or exc}{fix}") from None
+        try:
+            st = os.lstat(path)
+        except OSError as exc:
+            raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
     except OSError as exc:
         raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
     if not stat.S_ISDIR(st.st_mode):
