@@ -8,6 +8,11 @@ created: nobody else can enter it, so the sticky bit adds nothing, and a chmod a
 creation is what the staging contract rules out. This manager writes the same file itself,
 created at 0600 with ``O_EXCL | O_NOFOLLOW`` (never through a planted file or link), and
 leaves the directory alone.
+
+It also connects no control socket of its own when the kernel starts: jupyter_client keeps
+one for a polite shutdown request, which lemon_exec never sends (it kills its kernels and
+talks to control on its own sockets, :mod:`lemon_exec.host.kernels.local.sockets`), and
+connects one on demand if a shutdown or interrupt request is ever sent through it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,15 @@ _PORT_NAMES = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_por
 
 
 class PrivateKernelManager(AsyncKernelManager):
-    """``AsyncKernelManager`` whose ipc connection file leaves its directory's mode alone."""
+    """``AsyncKernelManager`` whose ipc connection file leaves its directory's mode alone,
+    and that opens no control socket at start (see the module doc)."""
+
+    async def _async_post_start_kernel(self, **kw: Any) -> None:
+        # Upstream's, without the eager _connect_control_socket: one zmq socket less to
+        # make, connect and close per kernel.
+        self.start_restarter()
+        assert self.provisioner is not None
+        await self.provisioner.post_launch(**kw)
 
     def write_connection_file(self, **kwargs: Any) -> None:
         if self._connection_file_written and os.path.exists(self.connection_file):
