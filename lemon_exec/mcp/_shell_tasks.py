@@ -112,7 +112,6 @@ class ShellTasks:
             command, timeout = command_arguments(arguments)
         except ToolError as exc:
             raise MCPError(code=INVALID_PARAMS, message=str(exc)) from None
-        # Unguessable, as task ids must be; hex, so never an option to `lemon-exec jobs`.
         task = ShellTask(new_task_id())
         self._tasks.add(task)
         task.task = asyncio.get_running_loop().create_task(

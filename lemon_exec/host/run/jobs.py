@@ -194,7 +194,6 @@ class JobTable:
 
     def start(self, args: CallArgs, owner: Any) -> JobRun:
         """Start ``args`` as a job on the running loop (the caller has bound the runner)."""
-        # Hex, so an id is safe as a command-line argument (never a leading '-').
         job = JobRun(new_task_id(), self.config.max_output_bytes)
         job_args = replace(
             args,

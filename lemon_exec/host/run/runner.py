@@ -164,7 +164,9 @@ class Runner:
             return call
         try:
             host = self.bind()
-            await (staging or host.engine.disk.call(host.engine.ensure_staging))
+            if staging is None:
+                staging = host.engine.disk.begin(host.engine.ensure_staging)
+            await staging
         except RefusedError as exc:
             return staging_refused(exc, call.details, self.config.mode, self.telemetry)
         # MCP servers' tools are listed (connecting once) before the kernel is told the names.
