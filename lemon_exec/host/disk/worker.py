@@ -45,9 +45,7 @@ class DiskWorker:
 
         After :meth:`close` (an exit-time cleanup) it runs inline instead.
         """
-        if self._closed:
-            return fn(*args)
-        return await asyncio.wrap_future(self._executor.submit(fn, *args))
+        return await self.begin(fn, *args)
 
     def begin(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
         """Queue ``fn(*args)`` now and return its future, for the caller to await later.
