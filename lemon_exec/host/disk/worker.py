@@ -45,22 +45,9 @@ class DiskWorker:
 
         After :meth:`close` (an exit-time cleanup) it runs inline instead.
         """
-        return await self.begin(fn, *args)
-
-    def begin(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """Queue ``fn(*args)`` now and return its future, for the caller to await later.
-
-        The work starts at once, while the caller goes on: :meth:`call`'s work starts only
-        when its coroutine first runs. After :meth:`close` it runs inline instead.
-        """
         if self._closed:
-            done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
-            try:
-                done.set_result(fn(*args))
-            except Exception as exc:
-                done.set_exception(exc)
-            return done
-        return asyncio.wrap_future(self._executor.submit(fn, *args))
+            return fn(*args)
+        return await asyncio.wrap_future(self._executor.submit(fn, *args))
 
     async def settle(self, fn: Callable[..., Any], *args: Any) -> None:
         """Run ``fn(*args)`` and wait for it; an error is logged, not raised.

@@ -127,21 +127,6 @@ class Runner:
             self.host = Host.build(self.config, self.tool_host, self.telemetry, self._staging_base)
         return self.host
 
-    def _check_staging(self) -> asyncio.Future[None] | None:
-        """Start checking (and mending) the staging root on the disk worker, if bound.
-
-        None before the first call made the host (a refused first call makes nothing) and
-        when the host cannot be had now (closed, another loop): the call then meets that
-        where it always did.
-        """
-        if self.host is None:
-            return None
-        try:
-            host = self.bind()
-        except (RuntimeError, RefusedError):
-            return None
-        return host.engine.disk.begin(host.engine.ensure_staging)
-
     async def run(self, args: CallArgs, owner: Owner | None = None) -> ExecuteCodeResult:
         """Run one call (``owner``: the session owner handle it came through, if any)."""
         entered = time.monotonic()
@@ -153,20 +138,13 @@ class Runner:
     async def _run(self, args: CallArgs, owner: Owner | None, entered: float) -> ExecuteCodeResult:
         if owner is not None and owner.closed:
             return refusal(OWNER_CLOSED, base_details("session"))
-        # A script may have deleted the staging root: made again, or refused. The check runs
-        # on the disk worker while the call's arguments are checked here, and is awaited
-        # before anything starts.
-        staging = self._check_staging() if self.config.enabled else None
         call = prepare(self.config, args, entered)  # checked before anything starts
         if not isinstance(call, Call):
-            if staging is not None:
-                staging.add_done_callback(_consume)
             return call
         try:
             host = self.bind()
-            if staging is None:
-                staging = host.engine.disk.begin(host.engine.ensure_staging)
-            await staging
+            # A script may have deleted it: made again, or refused (on the disk worker).
+            await host.engine.disk.call(host.engine.ensure_staging)
         except RefusedError as exc:
             return staging_refused(exc, call.details, self.config.mode, self.telemetry)
         # MCP servers' tools are listed (connecting once) before the kernel is told the names.
@@ -251,12 +229,6 @@ class Runner:
             await host.aclose()
         await self.jobs.settle()
         await self.tool_host.aclose()  # its grep/find worker processes
-
-
-def _consume(future: asyncio.Future[None]) -> None:
-    """Retrieve the outcome of a check nobody awaits (the call was refused before it)."""
-    if not future.cancelled():
-        future.exception()
 
 
 def finish(result: ExecuteCodeResult, entered: float, telemetry: Telemetry) -> ExecuteCodeResult:
