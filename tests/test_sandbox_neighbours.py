@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from support import enabled_config, wait_until
 
-from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec import ExecuteCode, RefusedError, SessionScope
 from lemon_exec.host.disk import runtime_base
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.slow, pytest.mark.kernel]
@@ -285,12 +285,12 @@ def test_a_squatted_runtime_base_is_refused(monkeypatch: pytest.MonkeyPatch, pla
     fake.mkdir()
     (fake / f"lemon-exec.{os.getuid()}").symlink_to(place)
     monkeypatch.setattr(runtime_base, "base_path", lambda: fake / f"lemon-exec.{os.getuid()}")
-    with pytest.raises(Exception, match="not a directory"):
+    with pytest.raises(RefusedError, match=r"is a symlink; .*remove .* if it is not yours"):
         runtime_base.runtime_base()
     (fake / f"lemon-exec.{os.getuid()}").unlink()
     (fake / f"lemon-exec.{os.getuid()}").mkdir(mode=0o755)
     os.chmod(fake / f"lemon-exec.{os.getuid()}", 0o755)
-    with pytest.raises(Exception, match="mode 755"):
+    with pytest.raises(RefusedError, match=r"mode 0755, not 0700; .*if it is not yours"):
         runtime_base.runtime_base()
 
 

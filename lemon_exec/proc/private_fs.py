@@ -90,45 +90,48 @@ def check_private_dir(path: Path) -> None:
     racing its template's death can still have jupyter_client write one back, and that
     must not make the runtime directory refuse every later call.
     """
+    _check_private_stat(path, _lstat(path, ""), "")
+
+
+def _lstat(path: Path, fix: str) -> os.stat_result:
     try:
-        st = os.lstat(path)
+        return os.lstat(path)
     except OSError as exc:
-        raise refused(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    _check_private_stat(path, st)
+        raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
 
 
-def _check_private_stat(path: Path, st: os.stat_result) -> None:
+def _check_private_stat(path: Path, st: os.stat_result, fix: str) -> None:
     if stat.S_ISLNK(st.st_mode):
-        raise refused(f"{path} is a symlink")
+        raise refused(f"{path} is a symlink{fix}")
     if not stat.S_ISDIR(st.st_mode):
-        raise refused(f"{path} is not a directory")
+        raise refused(f"{path} is not a directory{fix}")
     if st.st_uid != os.getuid():
-        raise refused(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}")
+        raise refused(f"{path} is owned by uid {st.st_uid}, not {os.getuid()}{fix}")
     mode = stat.S_IMODE(st.st_mode)
     if mode not in _PRIVATE_MODES:
-        raise refused(f"{path} has mode {mode:04o}, not 0700")
+        raise refused(f"{path} has mode {mode:04o}, not 0700{fix}")
 
 
-def ensure_private_dir(path: Path) -> None:
-    """Create ``path`` (0700) if it is missing; then :func:`check_private_dir` it."""
+def ensure_private_dir(path: Path, *, fix: str = "") -> None:
+    """Create ``path`` (0700) if it is missing; then :func:`check_private_dir` it.
+
+    ``fix`` ends every refusal's message (what the reader should do about it).
+    """
     # Asked on every call: one lstat when all is well. mkdir on a name that exists fails
     # only after locking its parent, so it is tried only when the name is missing.
     try:
         found = os.lstat(path)
     except FileNotFoundError:
-        pass
+        try:
+            os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
+        except FileExistsError:
+            pass  # made meanwhile: checked below like anything else found there
+        except OSError as exc:
+            raise refused(f"cannot create {path}: {describe_os_error(exc)}{fix}") from None
+        found = _lstat(path, fix)
     except OSError as exc:
-        raise refused(f"cannot inspect {path}: {exc.strerror or exc}") from None
-    else:
-        _check_private_stat(path, found)
-        return
-    try:
-        os.mkdir(path, 0o700)  # never follows or reuses what is there: EEXIST instead
-    except FileExistsError:
-        pass  # made meanwhile: checked below like anything else found there
-    except OSError as exc:
-        raise refused(f"cannot create {path}: {describe_os_error(exc)}") from None
-    check_private_dir(path)
+        raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
+    _check_private_stat(path, found, fix)
 
 
 def is_own_private_dir(path: Path) -> bool:

@@ -21,18 +21,22 @@ still puts its keys where every other host's sandboxes mask.
 The base is never removed: a mount over a directory that is deleted is detached in every
 other mount namespace, and a base made again later would then be visible in a running
 sandbox. A base that is not a real directory of ours, mode 0700 (another user created it
-first, or it is a symlink) fails closed with ``RefusedError``.
+first, or it is a symlink) fails closed with ``RefusedError``, naming the fix.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import stat
 from pathlib import Path
 
 from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, STAGING_ROOT_PREFIX
-from lemon_exec.proc.private_fs import is_own_private_dir, pid_alive, read_owner_pid, refused
+from lemon_exec.proc.private_fs import (
+    ensure_private_dir,
+    is_own_private_dir,
+    pid_alive,
+    read_owner_pid,
+)
 from lemon_exec.proc.tree_removal import remove_tree
 
 __all__ = ["base_path", "runtime_base", "runtime_dir_of", "sweep_stale_runtime_dirs"]
@@ -60,27 +64,7 @@ def runtime_base() -> Path:
         "; lemon_exec keeps every kernel's keys and sockets there (independent of TMPDIR); "
         f"remove {path} if it is not yours (as root if need be) and start again"
     )
-    try:
-        st = os.lstat(path)  # asked on every call: mkdir only when it is missing
-    except FileNotFoundError:
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise refused(f"cannot create {path}: {exc.strerror or exc}{fix}") from None
-        try:
-            st = os.lstat(path)
-        except OSError as exc:
-            raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
-    except OSError as exc:
-        raise refused(f"cannot inspect {path}: {exc.strerror or exc}{fix}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise refused(f"{path} is not a directory (a symlink or a file){fix}")
-    if st.st_uid != os.getuid():
-        raise refused(f"{path} is owned by uid {st.st_uid}, not by us{fix}")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        raise refused(f"{path} has mode {stat.S_IMODE(st.st_mode):o}, not 700{fix}")
+    ensure_private_dir(path, fix=fix)
     return path
 
 
