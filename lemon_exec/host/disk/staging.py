@@ -32,11 +32,13 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 
 from lemon_exec._constants import REMOVE_TREE_MAX_ENTRIES, SPILL_PREFIX, STAGING_ROOT_PREFIX
+from lemon_exec.host.disk.dir_watch import DirWatch
+from lemon_exec.host.disk.runtime_base import base_path as runtime_base_path
 from lemon_exec.host.disk.runtime_base import runtime_base, runtime_dir_of, sweep_stale_runtime_dirs
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc.private_fs import (
@@ -144,6 +146,8 @@ class StagingRoot:
         """Wrap an already created and validated root; use :meth:`create` to make one."""
         self._path = path
         self._closed = False
+        #: Tells whether anything :meth:`ensure` looks at changed since it last passed.
+        self._watch = DirWatch.open()
 
     @classmethod
     def create(cls, base: Path | str | None = None) -> StagingRoot:
@@ -214,6 +218,40 @@ class StagingRoot:
     def work_dir(self) -> Path:
         """Parent of the per-run workspaces."""
         return self._path / "work"
+
+    @property
+    def pypath_dir(self) -> Path:
+        """The kernels' ``PYTHONPATH`` directory (its ``lemon_exec`` link: the engine's)."""
+        return self._path / "pypath"
+
+    def intact(self) -> bool:
+        """Whether nothing :meth:`ensure` looks at changed since a check last passed.
+
+        Answered without touching the disk (one non-blocking read of an inotify descriptor,
+        :mod:`lemon_exec.host.disk.dir_watch`), so a call may skip the check when it is
+        True. Always False where inotify is missing, and once closed.
+        """
+        return self._watch is not None and not self._closed and self._watch.intact()
+
+    @contextlib.contextmanager
+    def checking(self) -> Iterator[None]:
+        """Around :meth:`ensure` (and the engine's check of ``pypath``): afterwards
+        :meth:`intact` is True until something it checks changes."""
+        if self._watch is None:
+            yield
+            return
+        base = runtime_base_path()
+        with self._watch.checking(
+            {
+                base: frozenset({self._path.name}),
+                self._path: frozenset({OWNER_MARKER, _SPILL_DIR, "work", "pypath"}),
+                self.runtime_dir: frozenset({OWNER_MARKER}),
+                self.spill_dir: frozenset(),
+                self.work_dir: frozenset(),
+                self.pypath_dir: frozenset({"lemon_exec"}),
+            }
+        ):
+            yield
 
     def ensure(self) -> None:
         """Recreate whatever of the root a script deleted, then validate all of it.
@@ -310,6 +348,8 @@ class StagingRoot:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.close()
         if is_own_private_dir(self.runtime_dir):
             remove_tree(self.runtime_dir, REMOVE_TREE_MAX_ENTRIES)
         if not _remove_root(self._path):

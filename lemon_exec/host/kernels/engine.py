@@ -119,17 +119,23 @@ class Engine:
 
         Raises ``RefusedError`` when it cannot be made private again (fail closed).
         """
-        self.staging.ensure()
-        self._pypath = self._make_pypath()
+        with self.staging.checking():
+            self.staging.ensure()
+            self._pypath = self._make_pypath()
+
+    def staging_intact(self) -> bool:
+        """Whether the staging root is as its last check left it (no disk access): then a
+        call need not check it again (:meth:`StagingRoot.intact`)."""
+        return self.staging.intact()
 
     def _make_pypath(self) -> str:
         """The kernels' PYTHONPATH directory in the staging root, made if missing."""
         try:
-            return kernel_pythonpath(self.staging.path / "pypath")
+            return kernel_pythonpath(self.staging.pypath_dir)
         except OSError as exc:
             raise RefusedError(
                 f"execute_code: could not create a private workspace: cannot create "
-                f"{self.staging.path / 'pypath'}: {describe_os_error(exc)}"
+                f"{self.staging.pypath_dir}: {describe_os_error(exc)}"
             ) from None
 
     # -- kernels -------------------------------------------------------------------------------
@@ -140,7 +146,8 @@ class Engine:
         """Start a kernel; every failure is a ``KernelStartError`` (or ``RefusedError``)."""
         if self._closed:
             raise RefusedError("execute_code: the tool is shutting down")
-        self.ensure_staging()
+        if not self.staging_intact():
+            self.ensure_staging()
         started = time.monotonic()
         ok = False
         try:

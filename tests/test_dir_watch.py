@@ -1,0 +1,159 @@
+"""The staging root's watch: a call skips the root's check only while inotify has seen
+nothing the check looks at change (host/disk/dir_watch.py), and a change a script makes is
+still met by the check on the next call."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from support import enabled_config
+
+from lemon_exec import ExecuteCode, SessionScope
+from lemon_exec.host.disk.dir_watch import DirWatch
+from lemon_exec.host.kernels.engine import Engine
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    (tmp_path / "work").mkdir()
+    (tmp_path / "owner").write_text("{}")
+    return tmp_path
+
+
+@pytest.fixture
+def watch() -> Iterator[DirWatch]:
+    opened = DirWatch.open()
+    assert opened is not None, "inotify is missing: every call would check its root"
+    yield opened
+    opened.close()
+
+
+def _dirs(tree: Path) -> dict[Path, frozenset[str]]:
+    return {tree: frozenset({"owner", "work"}), tree / "work": frozenset()}
+
+
+def _checked(watch: DirWatch, tree: Path) -> bool:
+    with watch.checking(_dirs(tree)):
+        pass
+    return watch.intact()
+
+
+def test_intact_only_after_a_check_passed(watch: DirWatch, tree: Path) -> None:
+    assert not watch.intact()
+    with pytest.raises(OSError), watch.checking(_dirs(tree)):
+        raise OSError("the check failed")
+    assert not watch.intact()
+    assert _checked(watch, tree)
+
+
+def test_a_hosts_own_traffic_leaves_it_intact(watch: DirWatch, tree: Path) -> None:
+    """Workspaces made and removed, the index rewritten by rename: none of it is checked."""
+    assert _checked(watch, tree)
+    for n in range(3):
+        run = tree / "work" / f"run-{n}"
+        run.mkdir(mode=0o700)
+        (run / "script.py").write_text("print(1)")
+        shutil.rmtree(run)
+        (tree / ".kernels.json.tmp").write_text("[]")
+        os.replace(tree / ".kernels.json.tmp", tree / "kernels.json")
+    assert watch.intact()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(lambda t: os.chmod(t / "work", 0o755), id="chmod-subdir"),
+        pytest.param(lambda t: os.chmod(t, 0o755), id="chmod-root"),
+        pytest.param(lambda t: (t / "owner").unlink(), id="marker-removed"),
+        pytest.param(lambda t: os.rename(t / "owner", t / "x"), id="marker-renamed"),
+        pytest.param(lambda t: shutil.rmtree(t / "work"), id="subdir-removed"),
+        pytest.param(lambda t: os.rename(t / "work", t / "w2"), id="subdir-renamed"),
+        pytest.param(
+            lambda t: (shutil.rmtree(t / "work"), (t / "work").symlink_to(t)), id="symlinked"
+        ),
+    ],
+)
+def test_any_change_the_check_looks_at_means_check_again(
+    watch: DirWatch, tree: Path, change: object
+) -> None:
+    assert _checked(watch, tree)
+    change(tree)  # type: ignore[operator]
+    assert not watch.intact()
+    assert not watch.intact()  # it stays so until a check passes
+
+
+def test_a_directory_made_anew_is_watched_anew(watch: DirWatch, tree: Path) -> None:
+    assert _checked(watch, tree)
+    shutil.rmtree(tree / "work")
+    with watch.checking(_dirs(tree)):
+        (tree / "work").mkdir()  # what the check mends is not yet "as the check left it"
+    assert not watch.intact()
+    assert _checked(watch, tree)  # the next check finds it stable
+    os.chmod(tree / "work", 0o755)  # and the new directory is the one watched
+    assert not watch.intact()
+
+
+def test_watches_share_one_instance_and_keep_apart(tree: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    other.mkdir()
+    first, second = DirWatch.open(), DirWatch.open()
+    assert first is not None and second is not None
+    try:
+        assert _checked(first, tree)
+        with second.checking({other: frozenset(), tree: frozenset()}):
+            pass
+        assert second.intact()
+        (tree / "owner").unlink()  # a name only the first one guards
+        assert not first.intact() and second.intact()
+        second.close()
+        assert not second.intact()  # closed: never intact again
+    finally:
+        first.close()
+        second.close()
+
+
+def test_calls_skip_the_check_until_a_script_changes_the_root(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    checks: list[int] = []
+    ensure = Engine.ensure_staging
+
+    def counted(self: Engine) -> None:
+        checks.append(1)
+        ensure(self)
+
+    monkeypatch.setattr(Engine, "ensure_staging", counted)
+    scope = SessionScope("watch", "agent", str(tmp_path))
+    with ExecuteCode(enabled_config(kernel_mode="session")) as tool:
+        for n in range(2):
+            assert tool.run_sync(f"print({n})", scope=scope).content == f"{n}\n"
+        checks.clear()
+        for n in range(3):
+            assert tool.run_sync(f"print({n})", scope=scope).content == f"{n}\n"
+        assert checks == [], "an unchanged root was checked again"
+
+        root = tool.diagnostics.staging_root
+        assert root is not None
+        # A script loosens the root's mode: the next call checks, and fails closed.
+        loosened = tool.run_sync(f"import os\nos.chmod({str(root)!r}, 0o755)", scope=scope)
+        assert loosened.ok, loosened.content
+        refused = tool.run_sync("print('must not run')", scope=scope)
+        assert "mode 0755" in refused.content and "must not run" not in refused.content
+        os.chmod(root, 0o700)
+        assert tool.run_sync("print('again')", scope=scope).content == "again\n"
+
+        # A script removes the kernels' PYTHONPATH link: made again before the next start.
+        link = root / "pypath" / "lemon_exec"
+        assert tool.run_sync(f"import os\nos.unlink({str(link)!r})", scope=scope).ok
+        with ExecuteCode(enabled_config(kernel_mode="per_call")) as other:
+            assert other.run_sync("print(1)").ok  # another host: its own root
+        assert not link.exists()
+        after = tool.run_sync("print('after')", scope=SessionScope("new", "agent", str(tmp_path)))
+        assert after.content == "after\n", after.content
+        assert link.is_symlink()
