@@ -4,8 +4,10 @@ still met by the check on the next call."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -160,3 +162,34 @@ def test_calls_skip_the_check_until_a_script_changes_the_root(
         after = tool.run_sync("print('after')", scope=SessionScope("new", "agent", str(tmp_path)))
         assert after.content == "after\n", after.content
         assert link.is_symlink()
+
+
+def test_a_call_that_could_skip_the_check_keeps_its_place_behind_one_checking(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Admission is FIFO: a call arriving while an earlier call's check is in flight (slow
+    here) waits for it, though the root is intact by the time it asks."""
+    ensure = Engine.ensure_staging
+
+    def slow(self: Engine) -> None:
+        time.sleep(0.3)
+        ensure(self)
+
+    monkeypatch.setattr(Engine, "ensure_staging", slow)
+    order = tmp_path / "order"
+    scripts = [f"open({str(order)!r}, 'a').write('{n} ')" for n in ("one", "two")]
+
+    async def body() -> None:
+        async with ExecuteCode(enabled_config(max_concurrent_per_call=1)) as tool:
+            assert (await tool.run("pass")).ok  # the host exists; its root is checked
+            engine = tool._runner.host.engine  # type: ignore[union-attr]
+            monkeypatch.setattr(engine, "staging_intact", lambda: False)
+            first = await tool.start(scripts[0])  # its check sleeps on the disk worker
+            await asyncio.sleep(0.1)
+            monkeypatch.setattr(engine, "staging_intact", lambda: True)
+            second = await tool.start(scripts[1])  # could skip: must not overtake
+            for job in (first, second):
+                assert (await job.wait()).ok
+        assert order.read_text() == "one two "
+
+    asyncio.run(body())

@@ -69,6 +69,8 @@ class Engine:
         self._live: set[KernelHandle] = set()
         #: The host's file work off the event loop: workspaces, the index, the root's removal.
         self.disk = DiskWorker()
+        #: Done once the latest call's staging check in flight has finished (check_staging).
+        self._staging_gate: asyncio.Future[None] | None = None
         self.index = KernelIndex(
             self.staging.path, lambda: [k.status for k in self._live], self.disk
         )
@@ -127,6 +129,24 @@ class Engine:
         """Whether the staging root is as its last check left it (no disk access): then a
         call need not check it again (:meth:`StagingRoot.intact`)."""
         return self.staging.intact()
+
+    async def check_staging(self) -> None:
+        """A call's check of the staging root, on the disk worker; skipped while it is
+        intact. ``RefusedError`` if it cannot be made private again.
+
+        Calls leave this step in the order they entered it (admission after it is FIFO): one
+        that could skip the check still waits for an earlier call's check in flight, and
+        goes on only after that call did.
+        """
+        while (gate := self._staging_gate) is not None and not gate.done():
+            await asyncio.shield(gate)
+        if self.staging_intact():
+            return
+        gate = self._staging_gate = asyncio.get_running_loop().create_future()
+        try:
+            await self.disk.call(self.ensure_staging)
+        finally:
+            gate.set_result(None)  # its waiters resume after this call has gone on
 
     def _make_pypath(self) -> str:
         """The kernels' PYTHONPATH directory in the staging root, made if missing."""

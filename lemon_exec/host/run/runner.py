@@ -144,8 +144,7 @@ class Runner:
         try:
             host = self.bind()
             # A script may have deleted it: made again, or refused (on the disk worker).
-            if not host.engine.staging_intact():  # else unchanged since it last passed
-                await host.engine.disk.call(host.engine.ensure_staging)
+            await host.engine.check_staging()
         except RefusedError as exc:
             return staging_refused(exc, call.details, self.config.mode, self.telemetry)
         # MCP servers' tools are listed (connecting once) before the kernel is told the names.
