@@ -24,7 +24,8 @@ from support import enabled_config, wait_until
 from lemon_exec import ExecuteCode, ExecuteCodeConfig, SessionScope
 from lemon_exec.config import MAX_WARM_KERNELS, MIN_TIMEOUT_MS
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES, StagingRoot, staging_base
+from lemon_exec.host.disk.staging import StagingRoot
+from lemon_exec.host.disk.staging_base import MAX_SOCKET_BASE_BYTES, staging_base
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.kernel]
 

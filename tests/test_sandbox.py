@@ -564,7 +564,7 @@ def test_a_cwd_that_is_tmpdir_sees_no_other_hosts_root(
 def test_the_longest_allowed_tmpdir_still_fits_the_sandboxed_sockets(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lemon_exec.host.disk.staging import MAX_SOCKET_BASE_BYTES
+    from lemon_exec.host.disk.staging_base import MAX_SOCKET_BASE_BYTES
 
     parent = Path(tempfile.mkdtemp(prefix="lsb-", dir="/tmp"))
     try:

@@ -16,7 +16,7 @@ import pytest
 
 from lemon_exec._constants import SPILL_PREFIX
 from lemon_exec.errors import RefusedError
-from lemon_exec.host.disk import staging, stale_roots
+from lemon_exec.host.disk import staging, staging_base, stale_roots
 from lemon_exec.host.disk.staging import StagingRoot
 from lemon_exec.host.disk.stale_roots import sweep_stale_roots
 from lemon_exec.proc import private_fs, tree_removal
@@ -420,7 +420,8 @@ def test_create_sweeps_empty_stale_siblings(tmp_path: Path, dead_pid: int) -> No
 
 
 def test_module_exports() -> None:
-    assert set(staging.__all__) >= {"StagingRoot", "staging_base"}
+    assert set(staging.__all__) >= {"StagingRoot"}
+    assert set(staging_base.__all__) >= {"staging_base", "check_socket_room"}
     assert set(tree_removal.__all__) >= {"remove_tree"}
     assert set(stale_roots.__all__) >= {"sweep_stale_roots"}
     assert set(private_fs.__all__) >= {"write_private_file"}

@@ -23,8 +23,9 @@ from lemon_exec.errors import InterpreterError, KernelStartError, RefusedError
 from lemon_exec.host.disk import hygiene
 from lemon_exec.host.disk.index import KernelIndex
 from lemon_exec.host.disk.spill_reaper import SpillReaper
-from lemon_exec.host.disk.staging import StagingRoot, check_socket_room
-from lemon_exec.host.disk.staging import staging_base as staging_dir
+from lemon_exec.host.disk.staging import StagingRoot
+from lemon_exec.host.disk.staging_base import check_socket_room
+from lemon_exec.host.disk.staging_base import staging_base as staging_dir
 from lemon_exec.host.disk.worker import DiskWorker
 from lemon_exec.host.kernels.backend import KernelHandle
 from lemon_exec.host.kernels.gateway.backend import GatewayBackend
