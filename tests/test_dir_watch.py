@@ -104,6 +104,22 @@ def test_a_directory_made_anew_is_watched_anew(watch: DirWatch, tree: Path) -> N
     assert not watch.intact()
 
 
+def test_a_directory_removed_again_and_again_leaves_no_trail(watch: DirWatch, tree: Path) -> None:
+    """A script may remove the root on every call: each removed directory's watch is
+    forgotten once the kernel drops it, so the bookkeeping does not grow."""
+    for _ in range(3):
+        assert _checked(watch, tree)
+    settled = len(watch._names)
+    for _ in range(20):
+        shutil.rmtree(tree / "work")
+        (tree / "work").mkdir()
+        assert not watch.intact()
+        with watch.checking(_dirs(tree)):
+            pass
+    assert _checked(watch, tree)
+    assert len(watch._names) == settled == 2
+
+
 def test_watches_share_one_instance_and_keep_apart(tree: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     other.mkdir()

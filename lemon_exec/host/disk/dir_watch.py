@@ -40,6 +40,7 @@ _IN_CREATE = 0x00000100
 _IN_DELETE = 0x00000200
 _IN_DELETE_SELF = 0x00000400
 _IN_MOVE_SELF = 0x00000800
+_IN_IGNORED = 0x00008000  # the watch is gone (its directory was removed): the wd is free
 _IN_ONLYDIR = 0x01000000
 _IN_DONT_FOLLOW = 0x02000000
 _IN_NONBLOCK = os.O_NONBLOCK
@@ -113,7 +114,8 @@ class _Inotify:
         return int(self._add_watch(self.fd, os.fsencode(path), _MASK))
 
     def forget(self, watcher: DirWatch) -> None:
-        """(lock held) The kernel drops a wd by itself once its directory is gone."""
+        """(lock held) Its wds stay with the instance: the kernel drops each by itself once
+        its directory is gone (``IN_IGNORED``, see :meth:`drain`)."""
         for wd in [wd for wd, users in self.watchers.items() if watcher in users]:
             self.watchers[wd].discard(watcher)
             if not self.watchers[wd]:
@@ -133,7 +135,7 @@ class _Inotify:
                 return
             offset = 0
             while offset + _EVENT.size <= len(data):
-                wd, _mask, _cookie, size = _EVENT.unpack_from(data, offset)
+                wd, mask, _cookie, size = _EVENT.unpack_from(data, offset)
                 raw = data[offset + _EVENT.size : offset + _EVENT.size + size]
                 offset += _EVENT.size + size
                 if wd < 0:  # the queue overflowed: anything may have happened
@@ -142,6 +144,9 @@ class _Inotify:
                 name = raw.rstrip(b"\0").decode("utf-8", "surrogateescape")
                 for watcher in self.watchers.get(wd, ()):
                     watcher.notice(wd, name)
+                if mask & _IN_IGNORED:  # forgotten, so a root removed again and again
+                    for watcher in self.watchers.pop(wd, ()):  # leaves no trail of wds
+                        watcher.drop(wd)
 
     def _tell_all(self) -> None:
         for users in self.watchers.values():
@@ -203,6 +208,10 @@ class DirWatch:
         names = self._names.get(wd)
         if names is None or not name or name in names:
             self._changed = True
+
+    def drop(self, wd: int) -> None:
+        """(lock held) ``wd`` no longer exists."""
+        self._names.pop(wd, None)
 
     def close(self) -> None:
         with self._inotify.lock:
